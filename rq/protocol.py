@@ -1,0 +1,278 @@
+"""Wire protocols as pure functions, shared by both ends; no IO here.
+
+Owns: rq1 socket framing (SPEC S7.1), the job pipe line protocol (S6.4, S6.5),
+queue-name and message-id syntax (S3.1, S4.1), full ids (S4.2), dest
+resolution (S4.3) and the human text of a job's exit status (S6.6).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from rq.errors import ProtocolError
+
+MAGIC = b"rq1 "
+HEADER_LEN = 13  # "rq1 " + 8 digits + " "
+MAX_FRAME = 64 * 1024 * 1024
+
+# ---------------------------------------------------------------- S7.1 framing
+
+
+def encode_frame(payload: bytes) -> bytes:
+    """Frame `payload` as `rq1 SIZE PAYLOAD` with SIZE zero-padded to 8 digits."""
+    if len(payload) > 99_999_999:
+        raise ProtocolError("frame too large")
+    return MAGIC + b"%08d " % len(payload) + payload
+
+
+def encode_request(cmd: str, arg: Any = None, *, raw: bool = False) -> bytes:
+    """A request frame: CMD, then ARG as JSON (or as a raw string when `raw`)."""
+    if arg is None:
+        return encode_frame(cmd.encode())
+    text = arg if raw else dumps(arg)
+    return encode_frame(f"{cmd} {text}".encode())
+
+
+def encode_reply(obj: Any) -> bytes:
+    return encode_frame(dumps(obj).encode())
+
+
+def parse_header(header: bytes) -> int:
+    """Return the payload size announced by a 13-byte frame header."""
+    if len(header) != HEADER_LEN or not header.startswith(MAGIC) or header[12:13] != b" ":
+        raise ProtocolError("bad request")
+    digits = header[4:12]
+    if not digits.isdigit():
+        raise ProtocolError("bad request")
+    size = int(digits)
+    if size > MAX_FRAME:
+        raise ProtocolError("bad request")
+    return size
+
+
+def split_request(payload: bytes) -> tuple[str, str | None]:
+    """Split a request payload into (CMD, raw ARG text or None)."""
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError("bad request") from exc
+    cmd, sep, arg = text.partition(" ")
+    if not cmd:
+        raise ProtocolError("bad request")
+    return cmd, (arg if sep else None)
+
+
+def parse_json_arg(arg: str | None) -> Any:
+    """Decode a JSON ARG; a missing or invalid one is a bad request (S7.1)."""
+    if arg is None:
+        raise ProtocolError("bad request")
+    try:
+        return json.loads(arg)
+    except ValueError as exc:
+        raise ProtocolError("bad request") from exc
+
+
+def dumps(obj: Any) -> str:
+    """Compact plain JSON (S0.3.5): no NaN/Infinity, UTF-8 kept as text."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+# ---------------------------------------------------------------- names and ids
+
+_BAD_NAME_CHARS = set("/. ,;:@\"(){}\\+='^`#~?[]%|$&<>*")
+MSG_ID_RE = re.compile(r"^\d{8}\.\d{4}\.\d{2}\.\d{3}\.\d+$")
+
+
+def valid_queue_name(name: Any) -> bool:
+    """S3.1: 1..128 bytes, none of the reserved characters, no whitespace/control."""
+    if not isinstance(name, str) or not name:
+        return False
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return False
+    if size > 128:
+        return False
+    for ch in name:
+        if ch in _BAD_NAME_CHARS or ch.isspace() or ord(ch) < 32 or ord(ch) == 127:
+            return False
+        if not ch.isprintable():
+            return False
+    return True
+
+
+def valid_msg_id(msg_id: Any) -> bool:
+    return isinstance(msg_id, str) and len(msg_id) < 64 and MSG_ID_RE.match(msg_id) is not None
+
+
+def full_id(base_url: str, queue: str, msg_id: str) -> str:
+    """`base_url` is `http://HOST:PORT` + ROOT (ending in '/')."""
+    return f"{base_url}q/{queue}/{msg_id}"
+
+
+def parse_msg_ref(ref: str) -> tuple[str | None, str]:
+    """Split a full id (S4.2) or a short id into (queue or None, short id).
+
+    The queue is the first path segment after `/q/` and the id the one after
+    it; scheme, host, port and prefix are ignored.  Raises ProtocolError with
+    the text `invalid msg_id: <ref>`.
+    """
+    if not isinstance(ref, str):
+        raise ProtocolError(f"invalid msg_id: {ref}")
+    if valid_msg_id(ref):
+        return None, ref
+    path = ref
+    if "://" in ref:
+        path = ref.split("://", 1)[1]
+        path = path[path.find("/"):] if "/" in path else ""
+    parts = [p for p in path.split("/")]
+    for i in range(len(parts) - 2):
+        if parts[i] == "q" and valid_queue_name(parts[i + 1]) and valid_msg_id(parts[i + 2]):
+            if all(p == "" for p in parts[i + 3:]):
+                return parts[i + 1], parts[i + 2]
+    raise ProtocolError(f"invalid msg_id: {ref}")
+
+
+_REMOTE_RE = re.compile(r"^https?://", re.IGNORECASE)
+
+
+def is_remote_dest(dest: str) -> bool:
+    return bool(_REMOTE_RE.match(dest))
+
+
+def resolve_dest(dest: str, host_port: str, root: str) -> tuple[str, str]:
+    """S4.3: (RQ_DEST, RQ_DEST_QUEUE) for `dest`.
+
+    `host_port` is `http://HOST:PORT`; `root` is ROOT (starts and ends with '/').
+    """
+    if is_remote_dest(dest):
+        rest = dest.split("://", 1)[1]
+        path = rest[rest.find("/"):] if "/" in rest else ""
+        return dest, _segment_after_q(path)
+    if dest.startswith(root + "q/"):
+        return host_port + dest, _segment_after_q(dest[len(root) - 1:])
+    if dest.startswith("/q/"):
+        return host_port + root + dest[1:], _segment_after_q(dest)
+    return f"{host_port}{root}q/{dest}", dest
+
+
+def _segment_after_q(path: str) -> str:
+    parts = path.split("/")
+    for i, part in enumerate(parts[:-1]):
+        if part == "q":
+            return parts[i + 1]
+    return ""
+
+
+def dest_queue_name(dest: str, root: str) -> str:
+    """The local queue a CLI `--dest` maps to (S19 sendmesg): `/q/NAME`,
+    `ROOTq/NAME` or a bare name.  Remote dests map to `relay`."""
+    if is_remote_dest(dest):
+        return "relay"
+    for prefix in (root + "q/", "/q/"):
+        if dest.startswith(prefix):
+            return dest[len(prefix):].split("/", 1)[0]
+    return dest
+
+
+# ---------------------------------------------------------------- S6.4 pipe lines
+
+COMPLETIONS = {"done": "done", "err": "err", "fail": "err", "fails": "err",
+               "relayed": "relayed", "resend": "resend"}
+
+
+@dataclass(frozen=True)
+class PipeLine:
+    """One parsed job line.  `kind` is run, done, err, relayed, resend, dup or
+    malformed; `text` is the new status text (the whole line when malformed)."""
+
+    kind: str
+    text: str
+    secs: int = 0          # resend delay
+    due: float = 0.0       # dup: seconds from now
+    newdest: str = ""      # dup target
+
+
+_INT_RE = re.compile(r"^\d+$")
+_DUP_RE = re.compile(r"^(\d+(?:\.\d+)?)-([^-]*)-(.+)$", re.DOTALL)
+
+
+def parse_pipe_line(line: str) -> PipeLine:
+    """Parse one line (without its newline) written by a job on fd 3."""
+    cmd, _, text = line.partition(" ")
+    if cmd == "run":
+        return PipeLine("run", text)
+    if cmd in ("done", "err", "fail", "fails", "relayed"):
+        return PipeLine(COMPLETIONS[cmd], text)
+    if cmd == "resend":
+        secs, dash, rest = text.partition("-")
+        if _INT_RE.match(secs.strip()):
+            return PipeLine("resend", text, secs=int(secs.strip()))
+        return PipeLine("malformed", line)
+    if cmd == "dup":
+        m = _DUP_RE.match(text)
+        if m and m.group(3).strip():
+            return PipeLine("dup", text, due=float(m.group(1)), newdest=m.group(3).strip())
+        return PipeLine("malformed", line, newdest="\0dup")
+    return PipeLine("malformed", line)
+
+
+def is_malformed_dup(parsed: PipeLine) -> bool:
+    return parsed.kind == "malformed" and parsed.newdest == "\0dup"
+
+
+class LineBuffer:
+    """Reassembles a byte stream into lines split on b'\\n' only (S6.4)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        self._buf += data
+        if b"\n" not in data:
+            return []
+        *lines, self._buf = self._buf.split(b"\n")
+        return [t for t in (_decode_line(raw) for raw in lines) if t]
+
+    def flush(self) -> list[str]:
+        rest, self._buf = self._buf, b""
+        text = _decode_line(rest)
+        return [text] if text else []
+
+
+def _decode_line(raw: bytes) -> str:
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    return raw.decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------- exit status text
+
+
+def exit_text(pid: int, returncode: int, core: bool = False) -> str:
+    """S6.6: `pid N exit C` or `pid N SIGKILL (signal 9)`.
+
+    `returncode` follows subprocess: negative means killed by that signal.
+    """
+    if returncode >= 0:
+        return f"pid {pid} exit {returncode}"
+    num = -returncode
+    try:
+        name = signal.Signals(num).name
+    except ValueError:
+        name = f"SIG{num}"
+    return f"pid {pid} {name} (signal {num})" + (" (core dumped)" if core else "")
+
+
+def describe_exit(returncode: int) -> str:
+    """One human text for a child's exit, used by the supervisor's logs."""
+    if returncode >= 0:
+        return f"exit status {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"killed by signal {-returncode}"

@@ -1,0 +1,125 @@
+"""The rq1 Unix-socket server shared by the manager and queue processes (S7.1).
+
+Owns: binding the socket (stale file unlinked, mode 0660), accepting
+connections, one thread per connection so a slow client or a waiting request
+never blocks another, frame reading with a deadline, and turning every framing
+error into ["fail","bad request"].  It knows nothing about commands: a handler
+callable maps (cmd, raw_arg) to a JSON-able reply.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rq import protocol
+from rq.errors import Fail, ProtocolError
+
+log = logging.getLogger(__name__)
+
+READ_TIMEOUT = 30.0
+
+
+class KeepOpen:
+    """Returned by a handler that took over the connection (e.g. subscribe)."""
+
+
+KEEP_OPEN = KeepOpen()
+Handler = Callable[[str, "str | None", socket.socket], Any]
+
+
+def recv_exact(conn: socket.socket, size: int) -> bytes:
+    chunks = []
+    while size:
+        chunk = conn.recv(min(size, 1 << 20))
+        if not chunk:
+            raise ProtocolError("bad request")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(conn: socket.socket) -> bytes:
+    size = protocol.parse_header(recv_exact(conn, protocol.HEADER_LEN))
+    return recv_exact(conn, size)
+
+
+class Rq1Server:
+    """Serve `handler` on a Unix socket at `path` from background threads."""
+
+    def __init__(self, path: str, handler: Handler) -> None:
+        self.path = path
+        self.handler = handler
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if os.path.lexists(self.path):
+            os.unlink(self.path)  # stale socket from a crashed owner (S2.2)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o117)  # created 0660 (S7.1)
+        try:
+            sock.bind(self.path)
+        finally:
+            os.umask(old)
+        sock.listen(512)
+        self._sock = sock
+        self._thread = threading.Thread(target=self._accept_loop, name="rq1-accept", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def _accept_loop(self) -> None:
+        while self._sock is not None:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                if self._sock is None:
+                    return
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        keep = False
+        try:
+            conn.settimeout(READ_TIMEOUT)
+            reply = self._dispatch(conn)
+            if reply is KEEP_OPEN:
+                keep = True
+                return
+            conn.sendall(protocol.encode_reply(reply))
+        except OSError:
+            pass  # client went away; nothing to answer
+        finally:
+            if not keep:
+                conn.close()
+
+    def _dispatch(self, conn: socket.socket) -> Any:
+        try:
+            cmd, arg = protocol.split_request(read_frame(conn))
+        except (ProtocolError, socket.timeout):
+            return ["fail", "bad request"]
+        try:
+            return self.handler(cmd, arg, conn)
+        except ProtocolError:
+            return ["fail", "bad request"]
+        except Fail as exc:
+            return ["fail", str(exc)]
+        except Exception:  # a bug must not take the daemon down (S2.6)
+            log.exception("request %s failed", cmd)
+            return ["fail", "internal error"]
