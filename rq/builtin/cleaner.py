@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""The `cleaner` builtin queue script (SPEC S12.3): prunes finished and abandoned messages.
+
+RQ_PARAM1 = a queue name or ALLQUEUES; RQ_PARAM2 = days to keep (its first run of digits,
+default 2).  For each selected queue under the RQ root (RQ_ROOT; fix: the original hard-coded
+/rq/current) it deletes done/ and relayed/ minute buckets whose end is at least that old, then
+the hour and day buckets that became empty, and prep/ messages whose id time is older; err/ is
+never touched.  ALLQUEUES also trims queue/relay/relayed/ to its newest 60000 messages and drops
+log/events/YYYYMMDD/ directories older than event_retention_days (S1.4, S13).
+
+S0.3.2 lets the cleaner delete finished messages directly (no queue process is asked).  It logs
+`<pid> - <time> - <text>` lines to stdout (the job's stdio.log) and reports on fd 3 (S6.4).
+Standalone on purpose: stdlib only, nothing of rq, so it also runs by hand.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+
+ALL = "ALLQUEUES"
+DEFAULT_DAYS = 2
+RELAYED_KEEP = 60000
+DEFAULT_EVENT_RETENTION_DAYS = 30
+HASHDIR_STATES = ("done", "relayed")
+ID_RE = re.compile(r"^(\d{4})(\d{2})(\d{2})\.(\d{2})(\d{2})\.(\d{2})\.(\d{3})\.\d+$")
+DAY_RE = re.compile(r"^(\d{4})(\d{2})(\d{2})$")
+TWO_DIGITS = re.compile(r"^\d{2}$")
+BAD_NAME_CHARS = set("/. ,;:@\"(){}\\+='^`#~?[]%|$&<>*")  # S3.1
+
+
+def log(text: str) -> None:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    print(f"{os.getpid()} - {stamp} - {text}", flush=True)
+
+
+def send(line: str) -> None:
+    """Write one status line on fd 3 (RQ_WRITE, S6.3) and echo it to the log (S12)."""
+    log(line)
+    try:
+        with os.fdopen(3, "w") as pipe:
+            pipe.write(line + "\n")
+    except OSError:
+        pass  # run by hand without fd 3: the log line is all there is
+
+
+def valid_queue_name(name: str) -> bool:
+    return (0 < len(name.encode()) <= 128
+            and not any(c in BAD_NAME_CHARS or c.isspace() or not c.isprintable() for c in name))
+
+
+def day_start(name: str) -> int | None:
+    """Epoch of 00:00 UTC of a YYYYMMDD bucket name, or None for anything else."""
+    m = DAY_RE.match(name)
+    if not m:
+        return None
+    year, month, mday = int(m[1]), int(m[2]), int(m[3])
+    if not (1 <= month <= 12 and 1 <= mday <= 31):
+        return None
+    return calendar.timegm((year, month, mday, 0, 0, 0, 0, 0, 0))
+
+
+def id_epoch(msg_id: str) -> float | None:
+    """Creation time (UTC) encoded in a short id (S4.1), or None if it is not one."""
+    m = ID_RE.match(msg_id)
+    if not m:
+        return None
+    start = day_start(m[1] + m[2] + m[3])
+    if start is None:
+        return None
+    return start + int(m[4]) * 3600 + int(m[5]) * 60 + int(m[6]) + int(m[7]) / 1000
+
+
+def subdirs(path: str, pattern: re.Pattern[str] = TWO_DIGITS) -> Iterator[tuple[str, str]]:
+    """(name, path) of the real (non-symlink) subdirectories whose name matches, sorted."""
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError:
+        return
+    for entry in entries:
+        if pattern.match(entry.name) and entry.is_dir(follow_symlinks=False):
+            yield entry.name, entry.path
+
+
+def remove_tree(path: str) -> bool:
+    try:
+        shutil.rmtree(path)
+        return True
+    except FileNotFoundError:
+        return True  # already gone (an operator or the queue deleted it): fine
+    except OSError as err:
+        log(f"could not remove {path}: {err.strerror or err}")
+        return False
+
+
+def remove_if_empty(path: str) -> bool:
+    try:
+        os.rmdir(path)
+        return True
+    except OSError:
+        return False  # not empty (or gone): leave it
+
+
+def prune_hashdir(state_dir: str, cutoff: float) -> int:
+    """Delete minute buckets ending at or before `cutoff`, then the hour/day buckets emptied."""
+    removed = 0
+    for day, day_dir in subdirs(state_dir, DAY_RE):
+        start = day_start(day)
+        if start is None or start + 60 > cutoff:
+            continue  # not even its first minute is old enough
+        day_touched = False
+        for hour, hour_dir in subdirs(day_dir):
+            hour_start = start + int(hour) * 3600
+            if int(hour) > 23 or hour_start + 60 > cutoff:
+                continue
+            hour_touched = False
+            for minute, minute_dir in subdirs(hour_dir):
+                if int(minute) < 60 and hour_start + int(minute) * 60 + 60 <= cutoff:
+                    if remove_tree(minute_dir):
+                        removed += 1
+                        hour_touched = True
+            if (hour_touched or hour_start + 3600 <= cutoff) and remove_if_empty(hour_dir):
+                day_touched = True
+        if day_touched or start + 86400 <= cutoff:
+            remove_if_empty(day_dir)
+    return removed
+
+
+def prune_prep(prep_dir: str, now: float, keep_secs: float) -> int:
+    """Delete prep/ messages whose id time is more than keep_secs old (fix: never cleaned)."""
+    removed = 0
+    try:
+        entries = sorted(os.scandir(prep_dir), key=lambda e: e.name)
+    except OSError:
+        return 0
+    for entry in entries:
+        born = id_epoch(entry.name)
+        if born is not None and now - born > keep_secs and entry.is_dir(follow_symlinks=False):
+            removed += remove_tree(entry.path)
+    return removed
+
+
+def clean_queue(root: str, name: str, now: float, days: int) -> None:
+    qdir = os.path.join(root, "queue", name)
+    cutoff = now - days * 86400
+    counts = [f"{state} {prune_hashdir(os.path.join(qdir, state), cutoff)} buckets"
+              for state in HASHDIR_STATES]
+    counts.append(f"prep {prune_prep(os.path.join(qdir, 'prep'), now, days * 86400)} messages")
+    log(f"cleaned queue {name} (keeping {days} days): removed " + ", ".join(counts))
+
+
+def trim_relayed(relayed_dir: str, keep: int = RELAYED_KEEP) -> int:
+    """Keep only the newest `keep` messages of a relayed/ hashdir (newest = S3.2 order)."""
+    seen = removed = 0
+    for _day, day_dir in reversed(list(subdirs(relayed_dir, DAY_RE))):
+        for _hour, hour_dir in reversed(list(subdirs(day_dir))):
+            for _minute, minute_dir in reversed(list(subdirs(hour_dir))):
+                try:
+                    ids = sorted(os.listdir(minute_dir), reverse=True)
+                except OSError:
+                    continue
+                for msg_id in ids[max(keep - seen, 0):]:
+                    removed += remove_tree(os.path.join(minute_dir, msg_id))
+                seen += len(ids)
+                if seen > keep:
+                    remove_if_empty(minute_dir)
+            if seen > keep:
+                remove_if_empty(hour_dir)
+        if seen > keep:
+            remove_if_empty(day_dir)
+    return removed
+
+
+def event_retention_days(root: str) -> int:
+    """event_retention_days from config/config.json (S1.4): default 30, 0 = keep forever."""
+    try:
+        with open(os.path.join(root, "config", "config.json"), encoding="utf-8") as f:
+            value = json.load(f).get("event_retention_days", DEFAULT_EVENT_RETENTION_DAYS)
+    except (OSError, ValueError, AttributeError):
+        return DEFAULT_EVENT_RETENTION_DAYS
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        log(f"invalid event_retention_days {value!r}; using {DEFAULT_EVENT_RETENTION_DAYS}")
+        return DEFAULT_EVENT_RETENTION_DAYS
+    return value
+
+
+def prune_events(events_dir: str, now: float, days: int) -> int:
+    """Delete log/events/YYYYMMDD/ days that ended at least `days` days ago (0 = never)."""
+    if days <= 0:
+        return 0
+    removed = 0
+    for day, day_dir in subdirs(events_dir, DAY_RE):
+        start = day_start(day)
+        if start is not None and start + 86400 <= now - days * 86400:
+            removed += remove_tree(day_dir)
+    return removed
+
+
+def all_queue_names(root: str) -> list[str]:
+    """Every queue directory; trash (`NAME.deleted.N`, S3.7) has a dot and is skipped."""
+    qroot = os.path.join(root, "queue")
+    try:
+        names = sorted(os.listdir(qroot))
+    except OSError:
+        return []
+    return [n for n in names if valid_queue_name(n) and os.path.isdir(os.path.join(qroot, n))]
+
+
+def find_root(env: dict[str, str]) -> str:
+    """RQ_ROOT (S1.2, exported by every daemon); by hand, the root above queue/Q/run/ID/job."""
+    if env.get("RQ_ROOT"):
+        return os.path.abspath(env["RQ_ROOT"])
+    job_dir = env.get("RQ_MSG_DIR") or os.getcwd()
+    return os.path.abspath(os.path.join(job_dir, *[os.pardir] * 5))
+
+
+def run(env: dict[str, str], now: float) -> int:
+    target = env.get("RQ_PARAM1", "").strip()
+    if not target:
+        send("fail need to specify a PARAM1")
+        return 1
+    digits = re.search(r"\d+", env.get("RQ_PARAM2", ""))
+    days = int(digits.group()) if digits else DEFAULT_DAYS
+    root = find_root(env)
+    if target == ALL:
+        queues = all_queue_names(root)
+    elif valid_queue_name(target) and os.path.isdir(os.path.join(root, "queue", target)):
+        queues = [target]
+    else:
+        send(f"fail no such queue: {target}")
+        return 0
+    log(f"cleaning {target} under {root}, keeping {days} days")
+    for name in queues:
+        clean_queue(root, name, now, days)
+    if target == ALL:
+        trimmed = trim_relayed(os.path.join(root, "queue", "relay", "relayed"))
+        log(f"trimmed relay/relayed to the newest {RELAYED_KEEP}: removed {trimmed} messages")
+        retention = event_retention_days(root)
+        pruned = prune_events(os.path.join(root, "log", "events"), now, retention)
+        log(f"event log retention {retention} days: removed {pruned} day directories")
+    send("done successfully ran this script")
+    return 0
+
+
+def main() -> int:
+    try:
+        return run(dict(os.environ), time.time())
+    except Exception as err:  # S0.3.3: a failure becomes the message's err text, not a trace
+        send(f"fail cleaner failed: {err}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

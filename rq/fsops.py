@@ -1,0 +1,205 @@
+"""Every spool file operation, in one seam (SPEC S0.3, issue 2 durability rules).
+
+Owns: atomic file writes (temp file in the same directory, fsync, rename,
+fsync of the directory), directory fsyncs, publishing renames that refuse to
+clobber (renameat2 RENAME_NOREPLACE), hard links with a copy fallback across
+filesystems, and removals.  `store`, `events`, `mgr` and `install` call these
+instead of `os` directly, so a test can swap in `FaultyFsOps` (chosen from the
+`RQ_FS_FAULTS` environment variable in a daemon's `main()`) to fail any one
+operation with EIO or ENOSPC and check that no "ok" is ever sent for data that
+is not durable.
+
+It knows nothing about messages or queues.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import os
+import shutil
+import threading
+from collections.abc import Mapping
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_renameat2 = getattr(_libc, "renameat2", None)
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+
+
+class FsOps:
+    """The real filesystem.  Method names double as the fault-plan op names."""
+
+    def op(self, name: str) -> None:
+        """Hook called before each operation; FaultyFsOps raises from here."""
+
+    # -- files
+    def write_file_atomic(self, path: str, data: bytes, *, sync: bool = True) -> None:
+        """Write `data` to `path` so readers see the old or the new content,
+        never a partial file (S0.3.1).  With `sync`, the data and the name are
+        on stable storage when this returns."""
+        directory, base = os.path.split(path)
+        tmp = os.path.join(directory, f".{base}.tmp{os.getpid()}.{threading.get_ident()}")
+        self.op("write")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if sync:
+                self.op("fsync")
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink_quiet(tmp)
+            raise
+        os.close(fd)
+        try:
+            self.op("rename")
+            os.rename(tmp, path)
+        except BaseException:
+            _unlink_quiet(tmp)
+            raise
+        if sync:
+            self.fsync_dir(directory)
+
+    def fsync_dir(self, path: str) -> None:
+        self.op("fsync")
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def append(self, fd: int, data: bytes) -> None:
+        """One write() on an O_APPEND descriptor (S13.1)."""
+        self.op("append")
+        os.write(fd, data)
+
+    # -- directories
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        self.op("mkdir")
+        os.mkdir(path, mode)
+
+    def makedirs(self, path: str) -> list[str]:
+        """Create `path` and missing parents; return the directories whose
+        entries changed (to be fsynced by the caller)."""
+        changed: list[str] = []
+        missing = []
+        cur = path
+        while not os.path.isdir(cur):
+            missing.append(cur)
+            cur = os.path.dirname(cur)
+        for d in reversed(missing):
+            try:
+                self.mkdir(d)
+            except FileExistsError:
+                continue
+            changed.append(os.path.dirname(d))
+        return changed
+
+    def rename_noreplace(self, src: str, dst: str) -> None:
+        """Publish `src` as `dst`; FileExistsError if `dst` exists (never clobbers)."""
+        self.op("rename")
+        if _renameat2 is not None:
+            res = _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst),
+                             _RENAME_NOREPLACE)
+            if res == 0:
+                return
+            err = ctypes.get_errno()
+            if err not in (errno.ENOSYS, errno.EINVAL):
+                raise OSError(err, os.strerror(err), dst)
+        if os.path.lexists(dst):  # fallback for filesystems without renameat2
+            raise FileExistsError(errno.EEXIST, "File exists", dst)
+        os.rename(src, dst)
+
+    def rename(self, src: str, dst: str) -> None:
+        self.op("rename")
+        os.rename(src, dst)
+
+    # -- links, copies, removal
+    def link_or_copy(self, src: str, dst: str, *, allow_copy: bool = True) -> bool:
+        """Hard-link `src` to `dst`; copy when they are on different
+        filesystems (S4.8).  Returns True if it copied.  OSError(EXDEV) when
+        copying is not allowed."""
+        self.op("link")
+        try:
+            os.link(src, dst)
+            return False
+        except OSError as exc:
+            if exc.errno != errno.EXDEV or not allow_copy:
+                raise
+        self.op("write")
+        shutil.copyfile(src, dst)
+        fd = os.open(dst, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.op("fsync")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+
+    def unlink(self, path: str) -> None:
+        self.op("unlink")
+        os.unlink(path)
+
+    def rmtree(self, path: str) -> None:
+        self.op("unlink")
+        shutil.rmtree(path)
+
+
+class FaultyFsOps(FsOps):
+    """Fails chosen operations: `plan` maps op name to {call number: errno}.
+
+    Call numbers count from 1 per op name; `0` as the call number fails every
+    call.  Example plan text (RQ_FS_FAULTS): `fsync:3:EIO,rename:2:ENOSPC`.
+    """
+
+    def __init__(self, plan: Mapping[str, Mapping[int, int]]) -> None:
+        self.plan = {k: dict(v) for k, v in plan.items()}
+        self.counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def op(self, name: str) -> None:
+        with self._lock:
+            n = self.counts.get(name, 0) + 1
+            self.counts[name] = n
+        faults = self.plan.get(name)
+        if not faults:
+            return
+        err = faults.get(n, faults.get(0))
+        if err:
+            raise OSError(err, f"injected {os.strerror(err)} on {name} #{n}")
+
+
+def parse_fault_plan(text: str) -> dict[str, dict[int, int]]:
+    plan: dict[str, dict[int, int]] = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, nth, err = item.split(":")
+        plan.setdefault(name, {})[int(nth)] = getattr(errno, err)
+    return plan
+
+
+def from_environment(env: Mapping[str, str]) -> FsOps:
+    """The FsOps a daemon's main() uses: faulty only when RQ_FS_FAULTS is set."""
+    text = env.get("RQ_FS_FAULTS", "")
+    return FaultyFsOps(parse_fault_plan(text)) if text else FsOps()
+
+
+def md5_file(path: str) -> tuple[str, int]:
+    """(lowercase hex MD5, size) of a file's content."""
+    digest = hashlib.md5()
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,172 @@
+"""The only code that spawns, signals and reaps processes (STYLE habit 8).
+
+Owns: starting supervised daemons (`spawn_daemon`: new session, a lifeline
+pipe whose EOF tells the child its parent is gone, a ready pipe the child
+writes one line to), starting jobs (`spawn_job`: posix_spawn of a tiny /bin/sh
+wrapper that puts the job's pipes on fd 3/4, changes to its directory, appends
+the `RQ START` header with its own pid and execs the command; S6.1, S6.3),
+signalling process groups, and process identity by start time (S2.7).
+
+Jobs are spawned with posix_spawn (vfork + exec under glibc), never with a
+fork of the Python process, so starting a job costs the same whatever the
+queue process's size (PERF.md).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import psutil
+
+# The wrapper runs as `sh -c WRAPPER rq-job DIR HEADER CMD...`.  fd 3 and 4
+# arrive already in place (posix_spawn dup2), every other descriptor is
+# close-on-exec.  `$$` is the job's pid: exec keeps it, so the header names the
+# process that runs the script, which also leads the job's process group.
+JOB_WRAPPER = (
+    'cd "$1" || exit 127; shift; '
+    "printf '\\n%s - %s\\n' \"$$\" \"$1\"; shift; "
+    'command -v "$1" >/dev/null 2>&1 || '
+    "{ printf 'RQ EXEC FAILED - %s: not found or not executable\\n' \"$1\"; exit 127; }; "
+    'exec "$@"'
+)
+_SH = "/bin/sh"
+
+
+@dataclass
+class Daemon:
+    """A supervised child: close `lifeline_w` to tell it to stop."""
+
+    pid: int
+    popen: subprocess.Popen[bytes]
+    lifeline_w: int
+    ready_r: int
+
+
+def spawn_daemon(argv: list[str], *, cwd: str, env: dict[str, str]) -> Daemon:
+    """Start a daemon in its own session with a lifeline and a ready pipe.
+
+    The child gets `--lifeline-fd N --ready-fd M` appended to `argv`.
+    """
+    life_r, life_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    try:
+        popen = subprocess.Popen(
+            [*argv, "--lifeline-fd", str(life_r), "--ready-fd", str(ready_w)],
+            cwd=cwd, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+            pass_fds=(life_r, ready_w), close_fds=True,
+        )
+    except BaseException:
+        for fd in (life_r, life_w, ready_r, ready_w):
+            os.close(fd)
+        raise
+    os.close(life_r)
+    os.close(ready_w)
+    return Daemon(popen.pid, popen, life_w, ready_r)
+
+
+def python_argv(module: str) -> list[str]:
+    """argv that runs `python -m module` under the current interpreter."""
+    return [sys.executable, "-m", module]
+
+
+def _high_fd(fd: int) -> int:
+    """Move `fd` to a number >= 10 (close-on-exec) so dup2 onto 3/4 never clashes."""
+    if fd >= 10:
+        return fd
+    new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(fd)
+    return new
+
+
+def job_pipes() -> tuple[int, int, int, int]:
+    """(job_write, queue_read, queue_write, job_read): fd 3 and fd 4 pipes."""
+    up_r, up_w = os.pipe()      # job -> queue (fd 3 in the job)
+    down_r, down_w = os.pipe()  # queue -> job (fd 4 in the job)
+    return _high_fd(up_w), _high_fd(up_r), _high_fd(down_w), _high_fd(down_r)
+
+
+def spawn_job(cmd: list[str], *, cwd: str, env: dict[str, str], stdio_log: str,
+              header: str, write_fd: int, read_fd: int) -> int:
+    """Spawn a job: new session, stdin /dev/null, stdout+stderr appended to
+    `stdio_log`, fd 3 = `write_fd`, fd 4 = `read_fd`, cwd `cwd`, nice 19.
+
+    `header` is the text after `<pid> - ` in the RQ START line.  Returns the pid
+    (which is also the job's process group id).
+    """
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, stdio_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+        (os.POSIX_SPAWN_DUP2, write_fd, 3),
+        (os.POSIX_SPAWN_DUP2, read_fd, 4),
+    ]
+    argv = [_SH, "-c", JOB_WRAPPER, "rq-job", cwd, header, *cmd]
+    pid = os.posix_spawn(_SH, argv, env, file_actions=actions, setsid=True)
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, 19)  # S6.3 nice 19; exec keeps it
+    except OSError:
+        pass
+    return pid
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to process group `pgid`; False when no member remains."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def start_time(pid: int) -> float | None:
+    """The process's start time (opaque but stable), or None if it is gone."""
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def alive_with_start(pid: int, start: float | None) -> bool:
+    """True only if `pid` runs and started at `start` (guards against pid reuse)."""
+    if not isinstance(pid, int) or pid <= 1 or start is None:
+        return False
+    now = start_time(pid)
+    return now is not None and abs(now - float(start)) < 0.05
+
+
+def reap_any() -> list[tuple[int, int, bool]]:
+    """Reap every exited child: [(pid, returncode, core_dumped)], returncode as
+    subprocess's (negative = killed by that signal)."""
+    done = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return done
+        if pid == 0:
+            return done
+        core = os.WIFSIGNALED(status) and os.WCOREDUMP(status)
+        done.append((pid, os.waitstatus_to_exitcode(status), core))
+
+
+def kill_process(pid: int, sig: int = signal.SIGKILL) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False

@@ -1,0 +1,1 @@
+"""The queue process package: `python -m rq.queue --root ROOT --name NAME`."""

@@ -1,0 +1,372 @@
+"""The queue socket's commands (SPEC S7.3), thin handlers over QueueProcess.
+
+Owns argument checking and the exact reply texts.  Every handler runs in a
+socket thread; state changes take `q.lock`, and the fsyncs that make a reply
+durable run outside it (group commit).  No "ok" is returned before the data
+it acknowledges is on stable storage.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from rq import message, protocol
+from rq.config import truthy
+from rq.errors import Fail
+
+if TYPE_CHECKING:
+    from rq.queue.process import QueueProcess
+
+log = logging.getLogger(__name__)
+ALWAYS = {"ping", "uptime", "config", "status", "shutdown", "num_messages", "messages"}
+DEFAULT_LIMIT = 1000
+
+
+class Commands:
+    def __init__(self, q: QueueProcess) -> None:
+        self.q = q
+        self.table: dict[str, Callable[[Any], Any]] = {
+            name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
+
+    def handle(self, cmd: str, arg: str | None, conn: socket.socket) -> Any:
+        fn = self.table.get(cmd)
+        if fn is None:
+            return ["ERROR"]
+        if cmd not in ALWAYS and self.q.admin_status() == "DOWN":
+            return ["fail", "status: DOWN"]
+        data = protocol.parse_json_arg(arg) if arg is not None else None
+        return fn(data)
+
+    # ------------------------------------------------------------ always answered
+    def cmd_ping(self, _: Any) -> Any:
+        return ["pong"]
+
+    def cmd_uptime(self, _: Any) -> Any:
+        return [int(time.monotonic() - self.q.started_mono)]
+
+    def cmd_config(self, _: Any) -> Any:
+        return ["ok", self.q.cfg.normalised()]
+
+    def cmd_status(self, _: Any) -> Any:
+        return [self.q.status()]
+
+    def cmd_shutdown(self, _: Any) -> Any:
+        self.q.stop_requested.set()
+        self.q.loop.wake()
+        return ["ok"]
+
+    def cmd_num_messages(self, _: Any) -> Any:
+        q = self.q
+        with q.lock:
+            return {"prep": len(q.index.prep), "que": len(q.index.que),
+                    "run": len(q.jobs) + len(q.unfinished), **q.index.counts}
+
+    def cmd_messages(self, data: Any) -> Any:
+        state = data.get("state") if isinstance(data, dict) else None
+        limit = data.get("limit", DEFAULT_LIMIT) if isinstance(data, dict) else DEFAULT_LIMIT
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            limit = DEFAULT_LIMIT
+        lister = getattr(self, f"_list_{state}", None) if isinstance(state, str) else None
+        if lister is None:
+            return ["fail", f"invalid or missing 'state' field ({state})"]
+        return lister(limit)
+
+    def _list_prep(self, limit: int) -> Any:
+        return [{"msg_id": i} for i in sorted(self.q.index.prep, reverse=True)[:limit]]
+
+    def _list_que(self, limit: int) -> Any:
+        out = []
+        with self.q.lock:
+            for _, msg_id in self.q.index.order:
+                if len(out) >= limit:
+                    break
+                item = self.q.index.que[msg_id]
+                out.append({"msg_id": msg_id, "due": item.fields.get("due"),
+                            "dest": item.fields.get("dest")})
+        return out
+
+    def _list_run(self, limit: int) -> Any:
+        with self.q.lock:
+            jobs = sorted(self.q.jobs.values(), key=lambda j: j.msg_id, reverse=True)[:limit]
+            return [{"msg_id": j.msg_id, "status": j.status, "dest": j.fields.get("dest")}
+                    for j in jobs]
+
+    def _list_err(self, limit: int) -> Any:
+        return [{"msg_id": i} for i in self.q.store.list_flat("err")[::-1][:limit]]
+
+    def _list_done(self, limit: int) -> Any:
+        return [{"msg_id": i} for i in _take(self.q.store.iter_hashed("done"), limit)]
+
+    def _list_relayed(self, limit: int) -> Any:
+        store = self.q.store
+        out = []
+        for msg_id in _take(store.iter_hashed("relayed"), limit):
+            path = store.msg_path("relayed", msg_id)
+            text = store.read_status_text(path) or ""
+            try:
+                dest = store.read_msg(path).get("dest")
+            except (OSError, ValueError):
+                dest = None
+            words = text.split()
+            out.append({"msg_id": msg_id, "status": message.computed_status("relayed", text),
+                        "dest": dest, "new_msg": words[-1] if words else ""})
+        return out
+
+    # ------------------------------------------------------------ creating messages
+    def cmd_create_message(self, data: Any) -> Any:
+        fields = message.normalize_input(data, time.time())
+        return ["ok", self.q.full_id(self.create(fields))]
+
+    def cmd_prep_message(self, data: Any) -> Any:
+        fields = message.normalize_input(data, time.time())
+        msg_id, _ = self.allocate(fields, sync_prep=True)
+        return ["ok", self.q.full_id(msg_id)]
+
+    def cmd_single_que(self, data: Any) -> Any:
+        fields = message.normalize_input(data, time.time())
+        with self.q.single_lock:
+            with self.q.lock:
+                item = self.q.index.latest_committed()
+            if item is not None:
+                return ["ok", self.q.full_id(item.msg_id)]
+            return ["ok", self.q.full_id(self.create(fields))]
+
+    def create(self, fields: dict[str, Any], src_path: str | None = None) -> str:
+        """Allocate + (attachments) + commit; the id once durable in que/."""
+        msg_id, path = self.allocate(fields, sync_prep=False)
+        try:
+            if src_path is not None:
+                self.q.store.link_attachments(src_path, path)
+            self.commit(msg_id)
+        except Fail:
+            self.discard_prep(msg_id, path)
+            raise
+        except OSError as exc:
+            self.discard_prep(msg_id, path)
+            raise Fail(f"msg couldn't be created: {exc.strerror or exc}") from exc
+        return msg_id
+
+    def allocate(self, fields: dict[str, Any], *, sync_prep: bool) -> tuple[str, str]:
+        q = self.q
+        try:
+            msg_id, path = q.store.allocate(fields, time.time(), q.main.base_url,
+                                            sync_prep=sync_prep)
+        except OSError as exc:
+            raise Fail(f"msg couldn't be created: {exc.strerror or exc}") from exc
+        with q.lock:
+            q.index.prep.add(msg_id)
+        q.events.log(msg_id, None, "prep", count=fields.get("count"))
+        return msg_id, path
+
+    def discard_prep(self, msg_id: str, path: str) -> None:
+        with self.q.lock:
+            self.q.index.prep.discard(msg_id)
+            try:
+                if os.path.isdir(path):
+                    self.q.store.remove(path)
+            except OSError as exc:
+                log.warning("cannot discard prep/%s: %s", msg_id, exc)
+
+    def commit(self, msg_id: str) -> None:
+        """prep → que, made durable before the message can be scheduled."""
+        q = self.q
+        with q.lock:
+            q.store.move(msg_id, "prep", "que", sync=False)
+            q.index.prep.discard(msg_id)
+        que_path = q.store.msg_path("que", msg_id)
+        try:
+            q.fs.fsync_dir(q.store.state_dir("que"))
+            fields = q.store.read_msg(que_path)
+        except (OSError, ValueError) as exc:
+            with q.lock:  # not durable: put it back so the state matches the reply
+                try:
+                    q.store.move(msg_id, "que", "prep", sync=False)
+                    q.index.prep.add(msg_id)
+                except OSError:
+                    log.error("commit of %s failed and could not be undone", msg_id)
+            raise Fail(f"commit failed: {getattr(exc, 'strerror', None) or exc}") from exc
+        with q.lock:
+            if os.path.isdir(que_path) and msg_id not in q.index.que:
+                q.index.add_que(msg_id, fields.get("due", 0), fields)
+            q.events.log(msg_id, "prep", "que", count=fields.get("count"))
+            q.schedule()
+
+    def cmd_commit_message(self, data: Any) -> Any:
+        msg_id = self.msg_id(data)
+        found = self.q.store.locate(msg_id)
+        if found is None:
+            return ["fail", "cannot find message"]
+        if found[0] != "prep":
+            return ["ok", "msg already committed"]
+        try:
+            self.commit(msg_id)
+        except FileNotFoundError:
+            return self.cmd_commit_message(data)  # moved under us: look again
+        except OSError as exc:
+            raise Fail(f"commit failed: {exc.strerror or exc}") from exc
+        return ["ok", "msg commited"]
+
+    # ------------------------------------------------------------ attachments (S4.8)
+    def cmd_attach_message(self, data: Any) -> Any:
+        msg_id = self.msg_id(data)
+        with self.q.lock:
+            path = self.prep_path(msg_id, missing="cannot find message")
+            name = data.get("name")
+            try:
+                md5 = self.q.store.attach(path, data.get("pathname"),
+                                          name if isinstance(name, str) else None,
+                                          truthy(data.get("local_fs_only")))
+            except OSError as exc:
+                raise Fail(f"attach failed: {exc.strerror or exc}") from exc
+        return ["ok", f"{md5}-Attached successfully"]
+
+    def cmd_delete_attach_message(self, data: Any) -> Any:
+        msg_id = self.msg_id(data)
+        with self.q.lock:
+            path = self.prep_path(msg_id, missing="msg not found")
+            name = data.get("attachment_name")
+            target = os.path.join(path, "attach", name) if isinstance(name, str) else ""
+            if not name or "/" in name or name.startswith(".") or not os.path.isfile(target):
+                return ["fail", "No attachment with that name for msg"]
+            self.q.fs.unlink(target)
+            self.q.fs.fsync_dir(os.path.dirname(target))
+        return ["ok", "Attachment deleted successfully"]
+
+    def prep_path(self, msg_id: str, *, missing: str) -> str:
+        found = self.q.store.locate(msg_id)
+        if found is None:
+            raise Fail(missing)
+        if found[0] != "prep":
+            raise Fail("msg not in prep")
+        return found[1]
+
+    # ------------------------------------------------------------ reading
+    def cmd_get_message(self, data: Any) -> Any:
+        state, path = self.find(self.msg_id(data))
+        try:
+            return ["ok", self.q.store.message_as_read(state, path)]
+        except (OSError, ValueError):
+            return ["fail", "msg couldn't be read"]
+
+    def cmd_get_message_state(self, data: Any) -> Any:
+        return ["ok", self.find(self.msg_id(data))[0]]
+
+    def cmd_get_message_status(self, data: Any) -> Any:
+        state, path = self.find(self.msg_id(data))
+        text = self.q.store.read_status_text(path)
+        return ["ok", {"path": self.q.store.relpath(path), "state": state,
+                       "status": message.computed_status(state, text)}]
+
+    # ------------------------------------------------------------ changing
+    def cmd_delete_message(self, data: Any) -> Any:
+        msg_id = self.msg_id(data)
+        q = self.q
+        with q.lock:
+            state, path = self.find(msg_id)
+            if state == "run":
+                return ["fail", "cannot delete message in run state"]
+            try:
+                q.store.remove(path)
+            except FileNotFoundError:
+                return ["fail", "msg not found"]
+            except OSError as exc:
+                raise Fail(f"msg couldn't be deleted: {exc.strerror or exc}") from exc
+            if state == "que":
+                item = q.index.remove_que(msg_id)
+                if item is not None and item.dup_of in q.jobs:
+                    dups = q.jobs[item.dup_of].dups
+                    if msg_id in dups:
+                        dups.remove(msg_id)
+            elif state == "prep":
+                q.index.prep.discard(msg_id)
+            else:
+                q.index.counts[state] = max(0, q.index.counts[state] - 1)
+            q.events.log(msg_id, state, "deleted")
+        return ["ok", "msg deleted"]
+
+    def cmd_destroy_message(self, data: Any) -> Any:
+        msg_id = self.msg_id(data)
+        q = self.q
+        with q.lock:
+            job = q.jobs.get(msg_id)
+            if job is None:
+                self.find(msg_id)
+                return ["fail", "msg not running"]
+            if job.exited is None:
+                q.terminate(job, time.monotonic())
+            q.loop.wake()
+        return ["ok", "msg destroyed"]
+
+    def cmd_run_message(self, data: Any) -> Any:
+        msg_id = self.msg_id(data)
+        q = self.q
+        with q.lock:
+            state, path = self.find(msg_id)
+            if state == "run":
+                return ["fail", "msg already running"]
+            item = q.index.que.get(msg_id)
+            if state != "que" or item is None:
+                return ["fail", "msg not in runnable state"]
+            earliest = q.index.earliest_due()
+            due = min(time.time(), (earliest if earliest is not None else time.time()) - 1)
+            due = round(due, 3)
+            fields = dict(item.fields, due=due)
+            try:
+                q.store.write_msg(path, fields)
+            except OSError as exc:
+                raise Fail(f"msg couldn't be updated: {exc.strerror or exc}") from exc
+            q.index.set_due(msg_id, due)
+            q.schedule()
+        return ["ok", "msg sent to front of run queue"]
+
+    def cmd_clone_message(self, data: Any) -> Any:
+        msg_id = self.msg_id(data)
+        state, path = self.find(msg_id)
+        if state not in ("err", "relayed", "done"):
+            return ["fail", f"cannot clone message in {state} state"]
+        try:
+            src = self.q.store.read_msg(path)
+        except (OSError, ValueError):
+            return ["fail", "msg couldn't be cloned"]
+        keep = ("dest", "src", "param1", "param2", "param3", "param4", "orig_msg_id",
+                "max_count", "post_run_webhook", "force_remote", "due")
+        fields = {k: src[k] for k in keep if k in src}
+        fields.update(count=0, cloned_from=msg_id)
+        try:
+            new_id = self.create(fields, src_path=path)
+        except Fail:
+            return ["fail", "msg couldn't be cloned"]
+        return ["ok", self.q.full_id(new_id)]
+
+    # ------------------------------------------------------------ helpers
+    @staticmethod
+    def msg_id(data: Any) -> str:
+        value = data.get("msg_id") if isinstance(data, dict) else None
+        if value is None or value == "":
+            raise Fail("lacking 'msg_id' field")
+        if not isinstance(value, str):
+            raise Fail("msg not found")
+        try:
+            return protocol.parse_msg_ref(value)[1]
+        except Exception as exc:
+            raise Fail("msg not found") from exc
+
+    def find(self, msg_id: str) -> tuple[str, str]:
+        found = self.q.store.locate(msg_id)
+        if found is None:
+            raise Fail("msg not found")
+        return found
+
+
+def _take(iterator: Any, limit: int) -> list[str]:
+    out = []
+    for item in iterator:
+        if len(out) >= limit:
+            break
+        out.append(item)
+    return out

@@ -1,0 +1,101 @@
+"""The queue process's memory of its directory (STYLE habit 3: the directory is
+the truth; this is rebuilt from it at start and kept in step with every move).
+
+Owns: the `que` entries in scheduling order (due, id) (S5.1), the coalescing
+links between a running parent and its waiting dups (S5.3), the set of `prep`
+ids, and the counts of the finished states (S7.3 num_messages).  No IO.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from rq.queue.jobs import param_key
+
+
+@dataclass
+class QueItem:
+    msg_id: str
+    due: float
+    fields: dict[str, Any]
+    seq: int                  # commit order, for single_que (S5.6)
+    dup_of: str | None = None  # id of the running parent this waits on (S5.3)
+
+
+class Index:
+    def __init__(self) -> None:
+        self.order: SortedList = SortedList()    # (due, msg_id)
+        self.que: dict[str, QueItem] = {}
+        self.prep: set[str] = set()
+        self.counts = {"done": 0, "relayed": 0, "err": 0}
+        self._seq = itertools.count(1)
+
+    # ------------------------------------------------------------ que
+    def add_que(self, msg_id: str, due: float, fields: dict[str, Any]) -> QueItem:
+        item = QueItem(msg_id, float(due), fields, next(self._seq))
+        self.que[msg_id] = item
+        self.order.add((item.due, msg_id))
+        return item
+
+    def remove_que(self, msg_id: str) -> QueItem | None:
+        item = self.que.pop(msg_id, None)
+        if item is not None:
+            self.order.discard((item.due, msg_id))
+        return item
+
+    def set_due(self, msg_id: str, due: float) -> None:
+        item = self.que[msg_id]
+        self.order.discard((item.due, msg_id))
+        item.due = float(due)
+        item.fields["due"] = due
+        self.order.add((item.due, msg_id))
+
+    def earliest_due(self) -> float | None:
+        return self.order[0][0] if self.order else None
+
+    def candidates(self) -> Any:
+        """Que entries in scheduling order, skipping waiting dups."""
+        for _, msg_id in list(self.order):
+            item = self.que.get(msg_id)
+            if item is not None and item.dup_of is None:
+                yield item
+
+    def next_wake(self, now: float) -> float | None:
+        """The earliest future due among schedulable entries."""
+        for due, msg_id in self.order:
+            item = self.que.get(msg_id)
+            if item is not None and item.dup_of is None and due > now:
+                return due
+        return None
+
+    def latest_committed(self) -> QueItem | None:
+        """The most recently committed entry that is not a waiting dup (S5.6)."""
+        best = None
+        for item in self.que.values():
+            if item.dup_of is None and (best is None or item.seq > best.seq):
+                best = item
+        return best
+
+    # ------------------------------------------------------------ coalescing (S5.3)
+    def attach_dups(self, parent_id: str, parent_fields: dict[str, Any],
+                    params: tuple[int, ...]) -> list[str]:
+        if not params:
+            return []
+        key = param_key(parent_fields, params)
+        dups = []
+        for item in self.que.values():
+            if item.msg_id != parent_id and item.dup_of is None \
+                    and param_key(item.fields, params) == key:
+                item.dup_of = parent_id
+                dups.append(item.msg_id)
+        return sorted(dups)
+
+    def release_dups(self, dups: list[str]) -> None:
+        for msg_id in dups:
+            item = self.que.get(msg_id)
+            if item is not None:
+                item.dup_of = None

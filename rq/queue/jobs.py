@@ -1,0 +1,157 @@
+"""Jobs of a queue process: how a job is described, started and judged.
+
+Owns the `Job` record (one running execution of the queue script), the
+script check (S6.1.1), the job command line (S6.1.3) and environment (S6.2),
+and `decide`, the pure function that turns a finished job into its next state
+and status text (S6.6, S6.7, S2.5, S5.4).  Spawning itself goes through
+`rq.proc`; moving the message is the queue process's business.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rq import __version__, protocol
+from rq.config import MainConfig, QueueConfig
+from rq.protocol import LineBuffer
+
+SHELL_CHARS = set("*?{}[]<>()~&|\\$;'`\"#=%\n")
+
+
+@dataclass
+class Job:
+    msg_id: str
+    path: str                       # run/ID
+    fields: dict[str, Any]          # the stored msg fields (count kept current)
+    pid: int = 0
+    up_r: int = -1                  # job -> queue pipe (our read end)
+    down_w: int = -1                # queue -> job pipe (our write end)
+    buffer: LineBuffer = field(default_factory=LineBuffer)
+    status: str | None = None       # live status text
+    completion: str | None = None   # done, err, relayed, resend
+    resend_secs: int = 0
+    started_mono: float = 0.0
+    started_wall: float = 0.0
+    deadline: float | None = None   # monotonic time of the S6.7 timeout
+    timeout_text: str = ""
+    timed_out: bool = False
+    kill_at: float | None = None    # monotonic time for SIGKILL of the group
+    exited: tuple[int, bool] | None = None  # (returncode, core dumped)
+    exit_wall: float = 0.0
+    dups: list[str] = field(default_factory=list)
+
+    def block_key(self, params: tuple[int, ...]) -> tuple[str, ...]:
+        return param_key(self.fields, params)
+
+
+def param_key(fields: dict[str, Any], params: tuple[int, ...]) -> tuple[str, ...]:
+    """The tuple of params S5.2/S5.3 compare (absent = "")."""
+    return tuple(str(fields.get(f"param{i}") or "") for i in params)
+
+
+def check_script(root: str, script: str | None, exec_prefix: str) -> tuple[str, str | None]:
+    """(real path, error reason or None) for the configured script (S6.1.1)."""
+    if not script:
+        return "", "script not found: "
+    path = script if os.path.isabs(script) else os.path.join(root, script)
+    real = os.path.realpath(path)
+    if not os.path.exists(real):
+        return real, f"script not found: {real}"
+    if not os.path.isfile(real):
+        return real, f"script is not a regular file: {real}"
+    if not exec_prefix.strip() and not os.access(real, os.X_OK):
+        return real, f"script not executable: {real}"
+    return real, None
+
+
+def job_command(exec_prefix: str, real: str) -> list[str]:
+    """argv of the job (S6.1.3)."""
+    prefix = exec_prefix.strip()
+    if not prefix:
+        return [real]
+    line = f"{prefix} {real}"
+    if any(c in SHELL_CHARS for c in line):
+        return ["/bin/sh", "-c", line]
+    return line.split()
+
+
+def base_env(main: MainConfig) -> dict[str, str]:
+    """The part of the job environment that is the same for every job (S6.2)."""
+    env = dict(os.environ)
+    for key in [k for k in env if k.startswith("RQ_")]:
+        del env[key]
+    for key in ("RQ_FS_FAULTS",):
+        env.pop(key, None)
+    env.update({
+        "RQ_VER": __version__, "RQ_ENV": main.env, "RQ_ROOT": main.root,
+        "RQ_PORT": str(main.port), "RQ_HOST": main.base_url,
+        "RQ_WRITE": "3", "RQ_READ": "4", "RQ_PIPE": "3",
+    })
+    if main.tmpdir:
+        env["TMPDIR"] = main.tmpdir
+    return env
+
+
+def job_env(base: dict[str, str], main: MainConfig, cfg: QueueConfig, real: str,
+            fields: dict[str, Any], msg_id: str, job_dir: str) -> dict[str, str]:
+    env = dict(base)
+    dest = str(fields.get("dest", ""))
+    rq_dest, rq_dest_queue = protocol.resolve_dest(dest, main.host_port, main.relative_root)
+    full = protocol.full_id(main.base_url, cfg.name, msg_id)
+    env.update({
+        "RQ_SCRIPT": cfg.script or "", "RQ_REALSCRIPT": real,
+        "RQ_DEST": rq_dest, "RQ_DEST_QUEUE": rq_dest_queue,
+        "RQ_MSG_ID": msg_id, "RQ_FULL_MSG_ID": full, "RQ_MSG_DIR": job_dir,
+        "RQ_COUNT": str(fields.get("count", 0)),
+        "RQ_ORIG_MSG_ID": str(fields.get("orig_msg_id") or full),
+    })
+    for i in range(1, 5):
+        env[f"RQ_PARAM{i}"] = str(fields.get(f"param{i}") or "")
+    if fields.get("force_remote"):
+        env["RQ_FORCE_REMOTE"] = "1"
+    for key, value in cfg.env_vars.items():
+        if not key.startswith("RQ_"):  # env_vars never override RQ_* (S6.2)
+            env[key] = str(value)
+    return env
+
+
+def header_text(real: str, now: float | None = None) -> str:
+    """The part of the RQ START line after `<pid> - ` (S6.3)."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(now))
+    return f"{stamp} - RQ START - {real}"
+
+
+def format_seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: str                    # done, relayed, err or que
+    status: str | None            # the status text to record
+    due_delay: float | None = None  # for que: seconds after the exit
+
+
+def decide(job: Job, *, stopping: bool) -> Outcome:
+    """The next state of a job whose process has exited (S6.6 and its exceptions)."""
+    assert job.exited is not None
+    code, core = job.exited
+    if job.timed_out:
+        return Outcome("err", job.timeout_text)
+    if stopping and job.completion is None:
+        return Outcome("que", "QUEUE SHUTDOWN - MOVING TO QUE", 0.0)
+    honour = stopping  # a completion sent before our stop signal is honoured (S2.5)
+    if code != 0 and job.completion != "err" and not honour:
+        completion = job.completion or ""
+        return Outcome("err", "PROCESS EXITED IMPROPERLY - MOVING TO ERR - Completion was "
+                       f"{completion} but exit status was {protocol.exit_text(job.pid, code, core)}")
+    if job.completion in ("done", "relayed", "err"):
+        return Outcome(job.completion, job.status)
+    if job.completion == "resend":
+        if int(job.fields.get("count", 0)) >= int(job.fields.get("max_count", 15)):
+            return Outcome("err", "HIT MAX RESEND COUNT - MOVING TO ERR")
+        return Outcome("que", job.status, float(job.resend_secs))
+    return Outcome("err", job.status)

@@ -1,0 +1,279 @@
+"""Message directories of one queue (SPEC S3.2, S4): the only code that renames them.
+
+Owns: id allocation (S4.1: `mkdir prep/ID` is the atomic claim), the msg and
+status files (S4.4, S4.6), state moves (one rename of the whole directory,
+refusing to clobber, S0.3.2), the done/relayed hashdir (S3.2), attachments
+(S4.8), lookup of a message by id in any state, and the message "as read"
+(S4.5).  All file operations go through `fsops`, so the durability rules live
+in one place: a caller that gets a return value without an exception has its
+data on stable storage (when it asked for `sync`).
+
+Readers (web, CLI, fsck) may use the read-only functions from any process;
+only the owning queue process calls the mutating ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from rq import message, protocol
+from rq.errors import Fail
+from rq.fsops import FsOps, md5_file
+
+STATES = ("prep", "que", "run", "done", "relayed", "err")
+HASHED = ("done", "relayed")
+BAD_ATTACH_CHARS = set("/~?[]%|$&<>")
+
+
+def new_msg_id(now: float, n: int) -> str:
+    t = time.gmtime(now)
+    ms = int((now - int(now)) * 1000)
+    return time.strftime("%Y%m%d.%H%M.%S", t) + f".{ms:03d}.{n}"
+
+
+class Store:
+    def __init__(self, root: str, name: str, fs: FsOps | None = None) -> None:
+        self.root = root
+        self.name = name
+        self.qdir = os.path.join(root, "queue", name)
+        self.fs = fs or FsOps()
+        self._counter = itertools.count(random.randrange(1_000_000, 9_000_000))
+        self._id_lock = threading.Lock()
+
+    # ------------------------------------------------------------ paths
+    def state_dir(self, state: str) -> str:
+        return os.path.join(self.qdir, state)
+
+    def msg_path(self, state: str, msg_id: str) -> str:
+        if state in HASHED:
+            return os.path.join(self.qdir, state, message.bucket(msg_id), msg_id)
+        return os.path.join(self.qdir, state, msg_id)
+
+    def relpath(self, path: str) -> str:
+        return os.path.relpath(path, self.root)
+
+    def locate(self, msg_id: str) -> tuple[str, str] | None:
+        """(state, path) of `msg_id`, or None.  Tolerates a concurrent move by
+        looking twice."""
+        if not protocol.valid_msg_id(msg_id):
+            return None
+        for _ in range(2):
+            for state in STATES:
+                path = self.msg_path(state, msg_id)
+                if os.path.isdir(path):
+                    return state, path
+        return None
+
+    # ------------------------------------------------------------ reading
+    @staticmethod
+    def read_msg(path: str) -> dict[str, Any]:
+        with open(os.path.join(path, "msg"), "rb") as fh:
+            data = json.loads(fh.read())
+        if not isinstance(data, dict):
+            raise ValueError("msg is not a JSON object")
+        return data
+
+    @staticmethod
+    def read_status_text(path: str) -> str | None:
+        try:
+            with open(os.path.join(path, "status"), "rb") as fh:
+                data = json.loads(fh.read())
+        except (OSError, ValueError):
+            return None
+        text = data.get("job_status") if isinstance(data, dict) else None
+        return text if isinstance(text, str) else None
+
+    def message_as_read(self, state: str, path: str) -> dict[str, Any]:
+        """S4.5: stored fields + path, state, computed status, _attachments."""
+        data = self.read_msg(path)
+        data["path"] = self.relpath(path)
+        data["state"] = state
+        data["status"] = message.computed_status(state, self.read_status_text(path))
+        attachments = self.attachments(path)
+        if attachments:
+            data["_attachments"] = attachments
+        return data
+
+    @staticmethod
+    def attachments(path: str) -> dict[str, dict[str, Any]]:
+        adir = os.path.join(path, "attach")
+        out: dict[str, dict[str, Any]] = {}
+        try:
+            names = sorted(os.listdir(adir))
+        except OSError:
+            return out
+        for name in names:
+            full = os.path.join(adir, name)
+            if name.startswith(".") or name.endswith(".tmp") or not os.path.isfile(full):
+                continue
+            try:
+                md5, size = md5_file(full)
+            except OSError:
+                continue
+            out[name] = {"md5": md5, "size": size, "path": os.path.abspath(full)}
+        return out
+
+    def list_flat(self, state: str) -> list[str]:
+        try:
+            names = os.listdir(self.state_dir(state))
+        except OSError:
+            return []
+        return sorted(n for n in names if protocol.valid_msg_id(n))
+
+    def iter_hashed(self, state: str, newest_first: bool = True) -> Iterator[str]:
+        """Ids under a hashdir, newest first (S3.2) or oldest first."""
+        base = self.state_dir(state)
+        for day in _sorted_dirs(base, newest_first):
+            for hour in _sorted_dirs(os.path.join(base, day), newest_first):
+                for minute in _sorted_dirs(os.path.join(base, day, hour), newest_first):
+                    ids = _sorted_dirs(os.path.join(base, day, hour, minute), newest_first)
+                    yield from (i for i in ids if protocol.valid_msg_id(i))
+
+    def count_hashed(self, state: str) -> int:
+        return sum(1 for _ in self.iter_hashed(state, newest_first=False))
+
+    # ------------------------------------------------------------ writing
+    def allocate(self, fields: dict[str, Any], now: float, base_url: str, *,
+                 sync_prep: bool = True) -> tuple[str, str]:
+        """Create `prep/ID/` with its msg file (S4.1) and return (id, path).
+
+        The msg file and the ID directory are durable on return; with
+        `sync_prep` the prep/ entry is too (a later commit rename followed by
+        an fsync of que/ makes it durable otherwise)."""
+        prep = self.state_dir("prep")
+        while True:
+            with self._id_lock:
+                msg_id = new_msg_id(now, next(self._counter))
+            if any(os.path.lexists(self.msg_path(s, msg_id)) for s in STATES[1:]):
+                continue
+            path = os.path.join(prep, msg_id)
+            try:
+                self.fs.mkdir(path)
+                break
+            except FileExistsError:
+                continue
+        try:
+            stored = {"msg_id": msg_id, **fields}
+            stored.setdefault("orig_msg_id", protocol.full_id(base_url, self.name, msg_id))
+            self.write_msg(path, stored)
+            if sync_prep:
+                self.fs.fsync_dir(prep)
+        except BaseException:
+            _rmtree_quiet(path)
+            raise
+        return msg_id, path
+
+    def write_msg(self, path: str, fields: dict[str, Any], *, sync: bool = True) -> None:
+        stored = {k: fields[k] for k in message.STORED_FIELDS if k in fields}
+        self.fs.write_file_atomic(os.path.join(path, "msg"),
+                                  protocol.dumps(stored).encode(), sync=sync)
+
+    def write_status(self, path: str, text: str, *, sync: bool = False) -> None:
+        self.fs.write_file_atomic(os.path.join(path, "status"),
+                                  protocol.dumps({"job_status": text}).encode(), sync=sync)
+
+    def move(self, msg_id: str, src: str, dst: str, *, sync: bool = True) -> str:
+        """Rename the message directory from state `src` to `dst` (one rename,
+        never clobbering); with `sync` the new name is durable on return."""
+        old = self.msg_path(src, msg_id)
+        new = self.msg_path(dst, msg_id)
+        parent = os.path.dirname(new)
+        changed = self.fs.makedirs(parent) if dst in HASHED else []
+        self.fs.rename_noreplace(old, new)
+        if sync:
+            for d in changed:
+                self.fs.fsync_dir(d)
+            self.fs.fsync_dir(parent)
+        return new
+
+    def remove(self, path: str) -> None:
+        """Delete a message directory: first one rename out of the state
+        directory (so no reader sees half a message), then the removal."""
+        msg_id = os.path.basename(path)
+        hidden = os.path.join(self.qdir, f".deleting.{msg_id}.{os.getpid()}")
+        self.fs.rename(path, hidden)
+        self.fs.fsync_dir(os.path.dirname(path))
+        self.fs.rmtree(hidden)
+
+    # ------------------------------------------------------------ attachments (S4.8)
+    def attach(self, path: str, pathname: str, name: str | None, local_fs_only: bool) -> str:
+        """Attach the file `pathname` to the prep message at `path`; return its MD5."""
+        check_attachment_source(pathname)
+        name = name if name else os.path.basename(pathname)
+        check_attachment_name(name)
+        adir = os.path.join(path, "attach")
+        if not os.path.isdir(adir):
+            self.fs.mkdir(adir)
+        tmp = os.path.join(adir, name + ".tmp")
+        _unlink_quiet(tmp)
+        try:
+            self.fs.link_or_copy(pathname, tmp, allow_copy=not local_fs_only)
+        except OSError as exc:
+            if exc.errno == 18:  # EXDEV
+                raise Fail(f"Attachment must be on same filesystem as que: {pathname}") from exc
+            raise
+        md5, _ = md5_file(tmp)
+        self.fs.rename(tmp, os.path.join(adir, name))
+        self.fs.fsync_dir(adir)
+        return md5
+
+    def link_attachments(self, src_path: str, dst_path: str) -> None:
+        """Hard-link (or copy) every attachment of one message into another
+        (dup and clone, S4.8)."""
+        sdir = os.path.join(src_path, "attach")
+        if not os.path.isdir(sdir):
+            return
+        ddir = os.path.join(dst_path, "attach")
+        self.fs.mkdir(ddir)
+        for name in sorted(os.listdir(sdir)):
+            full = os.path.join(sdir, name)
+            if not name.startswith(".") and not name.endswith(".tmp") and os.path.isfile(full):
+                self.fs.link_or_copy(full, os.path.join(ddir, name))
+        self.fs.fsync_dir(ddir)
+
+
+def check_attachment_source(pathname: Any) -> None:
+    """The S4.8 checks on the file to attach; raises Fail with the exact text."""
+    if not isinstance(pathname, str) or not pathname.startswith("/"):
+        raise Fail(f"Invalid pathname, must be normalized {pathname} (ie. must start with /")
+    if not os.path.lexists(pathname) or not os.path.exists(pathname):
+        raise Fail(f"No such file {pathname} to attach to message")
+    if os.path.isdir(pathname):
+        raise Fail(f"Attachment currently cannot be a directory {pathname}")
+    if not os.access(pathname, os.R_OK):
+        raise Fail(f"Attachment currently cannot be read: {pathname}")
+    if not os.path.isfile(pathname):
+        raise Fail(f"Attachment currently not of supported type: {pathname}")
+
+
+def check_attachment_name(name: str) -> None:
+    if name.startswith("."):
+        raise Fail(f"Attachment name as a dot-file not allowed: {name}")
+    if any(c in BAD_ATTACH_CHARS for c in name) or "\0" in name:
+        raise Fail(f"Attachment name has invalid character. not allowed: {name}")
+
+
+def _sorted_dirs(path: str, reverse: bool) -> list[str]:
+    try:
+        return sorted((n for n in os.listdir(path) if not n.startswith(".")), reverse=reverse)
+    except OSError:
+        return []
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _rmtree_quiet(path: str) -> None:
+    import shutil
+    shutil.rmtree(path, ignore_errors=True)
