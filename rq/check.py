@@ -33,11 +33,11 @@ VALUE_OPTS = {"server", "port", "relative-root", "auth", "thresh", "timeout"}
 SWITCHES = {"dump"}
 
 
-class BadOption(Exception):
+class OptionError(Exception):
     """A bad option or threshold: one line on stderr, exit 3 (UNKNOWN)."""
 
 
-class FetchFailed(Exception):
+class FetchError(Exception):
     """A fetch failure; str() is the whole CRITICAL line to print."""
 
 
@@ -64,7 +64,7 @@ def parse_thresholds(text: str) -> Thresholds:
     """`a:b:c:d:e:f` (c and d accepted, unused) or the four-value form `a:b:e:f`."""
     parts = text.split(":")
     if len(parts) not in (4, 6) or not all(re.fullmatch(r"[0-9]+", p) for p in parts):
-        raise BadOption(f"{PROG}: invalid threshold list: {text} (want a:b:c:d:e:f or a:b:e:f)")
+        raise OptionError(f"{PROG}: invalid threshold list: {text} (want a:b:c:d:e:f or a:b:e:f)")
     nums = [int(p) for p in parts]
     a, b, e, f = (nums[0], nums[1], nums[4], nums[5]) if len(nums) == 6 else nums
     return Thresholds(a, b, e, f)
@@ -82,17 +82,17 @@ def split_args(argv: Sequence[str]) -> dict[str, str | bool]:
             name, value = SHORT[arg[:2]], arg[2:]
             eq = "=" if value else ""
         else:
-            raise BadOption(f"{PROG}: unknown option: {arg}")
+            raise OptionError(f"{PROG}: unknown option: {arg}")
         if name in SWITCHES and not eq:
             found[name] = True
         elif name in VALUE_OPTS:
             if not eq:
                 if not args:
-                    raise BadOption(f"{PROG}: option {arg} needs a value")
+                    raise OptionError(f"{PROG}: option {arg} needs a value")
                 value = args.pop(0)
             found[name] = value
         else:
-            raise BadOption(f"{PROG}: unknown option: {arg}")
+            raise OptionError(f"{PROG}: unknown option: {arg}")
     return found
 
 
@@ -100,23 +100,23 @@ def parse_options(argv: Sequence[str], env: dict[str, str]) -> Options:
     found = split_args(argv)
     port_text = str(found.get("port") or env.get("RQ_PORT") or "3333")
     if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 1 <= int(port_text) <= 65535:
-        raise BadOption(f"{PROG}: invalid port: {port_text}")
+        raise OptionError(f"{PROG}: invalid port: {port_text}")
     timeout_text = str(found.get("timeout", "10"))
     try:
         timeout = float(timeout_text)
     except ValueError:
         timeout = -1.0
     if not 0 < timeout < float("inf"):
-        raise BadOption(f"{PROG}: invalid timeout: {timeout_text}")
+        raise OptionError(f"{PROG}: invalid timeout: {timeout_text}")
     auth = None
     if "auth" in found:
         user, colon, password = str(found["auth"]).partition(":")
         if not colon:
-            raise BadOption(f"{PROG}: invalid auth (want USER:PASS): {found['auth']}")
+            raise OptionError(f"{PROG}: invalid auth (want USER:PASS): {found['auth']}")
         auth = (user, password)
     server = str(found.get("server", "127.0.0.1"))
     if not server:
-        raise BadOption(f"{PROG}: invalid server: empty")
+        raise OptionError(f"{PROG}: invalid server: empty")
     kw = {"thresholds": parse_thresholds(str(found["thresh"]))} if "thresh" in found else {}
     prefix = str(found.get("relative-root", "/")).strip("/")
     return Options(server=server, port=int(port_text), auth=auth, timeout=timeout,
@@ -132,16 +132,16 @@ def base_url(opts: Options) -> str:
 
 
 def fetch(session: requests.Session, opts: Options, path: str) -> str:
-    """GET one path; any failure raises FetchFailed with the exact S22 line."""
+    """GET one path; any failure raises FetchError with the exact S22 line."""
     try:
         res = session.get(base_url(opts) + path, auth=opts.auth, timeout=opts.timeout,
                           allow_redirects=False)
     except requests.exceptions.Timeout:  # ConnectTimeout and ReadTimeout alike
-        raise FetchFailed("CRITICAL: Timed out") from None
+        raise FetchError("CRITICAL: Timed out") from None
     except requests.exceptions.RequestException:
-        raise FetchFailed("CRITICAL: Could not connect") from None
+        raise FetchError("CRITICAL: Could not connect") from None
     if res.status_code != 200:
-        raise FetchFailed(f"CRITICAL: Could not Fetch {path}")
+        raise FetchError(f"CRITICAL: Could not Fetch {path}")
     res.encoding = res.encoding or "utf-8"
     return res.text
 
@@ -208,7 +208,7 @@ def check(opts: Options, out: list[str]) -> int:
             if opts.dump:
                 out.extend(f"{name} {key}: {value}" for key, value in values.items())
             problems.extend(queue_problems(name, values, opts.thresholds))
-    except FetchFailed as failed:
+    except FetchError as failed:
         out.append(str(failed))
         return CRITICAL
     finally:
@@ -231,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return OK
     try:
         opts = parse_options(args, dict(os.environ))
-    except BadOption as err:
+    except OptionError as err:
         print(err, file=sys.stderr)
         return UNKNOWN
     out: list[str] = []

@@ -156,15 +156,18 @@ class FaultyFsOps(FsOps):
     call.  Example plan text (RQ_FS_FAULTS): `fsync:3:EIO,rename:2:ENOSPC`.
     """
 
-    def __init__(self, plan: Mapping[str, Mapping[int, int]]) -> None:
+    def __init__(self, plan: Mapping[str, Mapping[int, int]], record: str | None = None) -> None:
         self.plan = {k: dict(v) for k, v in plan.items()}
         self.counts: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._record = open(record, "a", buffering=1) if record else None
 
     def op(self, name: str) -> None:
         with self._lock:
             n = self.counts.get(name, 0) + 1
             self.counts[name] = n
+            if self._record is not None:
+                self._record.write(f"{name} {n}\n")
         faults = self.plan.get(name)
         if not faults:
             return
@@ -173,18 +176,27 @@ class FaultyFsOps(FsOps):
             raise OSError(err, f"injected {os.strerror(err)} on {name} #{n}")
 
 
-def parse_fault_plan(text: str) -> dict[str, dict[int, int]]:
+def parse_fault_plan(text: str) -> tuple[dict[str, dict[int, int]], str | None]:
+    """`OP:NTH:ERRNO,...` plus an optional `record=PATH` item that appends
+    `OP N` for every operation to PATH (so a test can learn the sequence)."""
     plan: dict[str, dict[int, int]] = {}
+    record = None
     for item in filter(None, (t.strip() for t in text.split(","))):
+        if item.startswith("record="):
+            record = item[len("record="):]
+            continue
         name, nth, err = item.split(":")
         plan.setdefault(name, {})[int(nth)] = getattr(errno, err)
-    return plan
+    return plan, record
 
 
 def from_environment(env: Mapping[str, str]) -> FsOps:
     """The FsOps a daemon's main() uses: faulty only when RQ_FS_FAULTS is set."""
     text = env.get("RQ_FS_FAULTS", "")
-    return FaultyFsOps(parse_fault_plan(text)) if text else FsOps()
+    if not text:
+        return FsOps()
+    plan, record = parse_fault_plan(text)
+    return FaultyFsOps(plan, record)
 
 
 def md5_file(path: str) -> tuple[str, int]:

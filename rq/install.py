@@ -8,6 +8,7 @@ else of RQ exists yet.  It depends on nothing of rq but `errors`, so it works fr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rq.errors import UsageError
 
@@ -123,10 +125,8 @@ def write_json_atomic(path: str, data: object) -> None:
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; other RQ users (web, operators) read it
         os.rename(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
@@ -135,7 +135,7 @@ def write_json_atomic(path: str, data: object) -> None:
         os.close(dir_fd)
 
 
-def main_config(opts: Options, existing: dict) -> dict:
+def main_config(opts: Options, existing: dict[str, Any]) -> dict[str, Any]:
     """S20's six keys; with --force, other keys an operator added (basic_auth, …) are kept."""
     config = dict(existing)
     config.update(env=opts.env, host=opts.host, port=opts.port, addr=opts.addr,
@@ -161,7 +161,7 @@ def interpreter_prefix() -> str:
     return exe
 
 
-def builtin_queue_config(name: str) -> dict:
+def builtin_queue_config(name: str) -> dict[str, Any]:
     """The normalised S3.3 config of a builtin queue, keys in the table's order."""
     return {
         "name": name,
@@ -191,7 +191,7 @@ def install_queue(root: str, name: str) -> str:
     return f"{'Updated' if existed else 'Created'} queue {name}"
 
 
-def read_existing(path: str) -> dict:
+def read_existing(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)

@@ -22,6 +22,7 @@ from rq.errors import Fail, ProtocolError
 log = logging.getLogger(__name__)
 
 READ_TIMEOUT = 30.0
+SPARE_WORKERS = 4
 
 
 class KeepOpen:
@@ -55,7 +56,6 @@ class Rq1Server:
         self.path = path
         self.handler = handler
         self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         if os.path.lexists(self.path):
@@ -68,8 +68,10 @@ class Rq1Server:
             os.umask(old)
         sock.listen(512)
         self._sock = sock
-        self._thread = threading.Thread(target=self._accept_loop, name="rq1-accept", daemon=True)
-        self._thread.start()
+        self._spare_lock = threading.Lock()
+        self._idle = 0
+        for _ in range(SPARE_WORKERS):
+            self._add_worker()
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
@@ -84,15 +86,35 @@ class Rq1Server:
             except FileNotFoundError:
                 pass
 
-    def _accept_loop(self) -> None:
+    def _add_worker(self) -> None:
+        with self._spare_lock:
+            self._idle += 1
+        threading.Thread(target=self._worker, name="rq1-worker", daemon=True).start()
+
+    def _worker(self) -> None:
+        """Accept and serve connections.  Workers call accept() themselves (no
+        hand-off between threads); when the last idle worker takes a
+        connection it starts another, so a slow client or a long request
+        never blocks the others, and surplus workers retire."""
         while self._sock is not None:
             try:
                 conn, _ = self._sock.accept()
             except OSError:
                 if self._sock is None:
-                    return
+                    break
                 continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            with self._spare_lock:
+                self._idle -= 1
+                need_more = self._idle == 0
+            if need_more:
+                self._add_worker()
+            self._serve(conn)
+            with self._spare_lock:
+                if self._idle >= SPARE_WORKERS:
+                    return  # enough spare workers: retire
+                self._idle += 1
+        with self._spare_lock:
+            self._idle -= 1
 
     def _serve(self, conn: socket.socket) -> None:
         keep = False

@@ -143,6 +143,7 @@ class Store:
     def allocate(self, fields: dict[str, Any], now: float, base_url: str, *,
                  sync_prep: bool = True) -> tuple[str, str]:
         """Create `prep/ID/` with its msg file (S4.1) and return (id, path).
+        `fields` gains `msg_id` and the default `orig_msg_id`.
 
         The msg file and the ID directory are durable on return; with
         `sync_prep` the prep/ entry is too (a later commit rename followed by
@@ -160,9 +161,9 @@ class Store:
             except FileExistsError:
                 continue
         try:
-            stored = {"msg_id": msg_id, **fields}
-            stored.setdefault("orig_msg_id", protocol.full_id(base_url, self.name, msg_id))
-            self.write_msg(path, stored)
+            fields["msg_id"] = msg_id  # the caller's dict becomes the stored fields
+            fields.setdefault("orig_msg_id", protocol.full_id(base_url, self.name, msg_id))
+            self.write_msg(path, fields)
             if sync_prep:
                 self.fs.fsync_dir(prep)
         except BaseException:
@@ -182,16 +183,26 @@ class Store:
     def move(self, msg_id: str, src: str, dst: str, *, sync: bool = True) -> str:
         """Rename the message directory from state `src` to `dst` (one rename,
         never clobbering); with `sync` the new name is durable on return."""
-        old = self.msg_path(src, msg_id)
+        new, dirs = self.move_unsynced(msg_id, src, dst)
+        if sync:
+            self.sync_dirs(dirs)
+        return new
+
+    def move_unsynced(self, msg_id: str, src: str, dst: str) -> tuple[str, list[str]]:
+        """The rename of `move`; returns (new path, directories to fsync to
+        make it durable), so a caller can retry the fsyncs alone after an IO
+        error without renaming twice."""
         new = self.msg_path(dst, msg_id)
         parent = os.path.dirname(new)
         changed = self.fs.makedirs(parent) if dst in HASHED else []
-        self.fs.rename_noreplace(old, new)
-        if sync:
-            for d in changed:
-                self.fs.fsync_dir(d)
-            self.fs.fsync_dir(parent)
-        return new
+        self.fs.rename_noreplace(self.msg_path(src, msg_id), new)
+        return new, [*changed, parent]
+
+    def sync_dirs(self, dirs: list[str]) -> None:
+        """fsync each directory, removing it from `dirs` once done (retryable)."""
+        while dirs:
+            self.fs.fsync_dir(dirs[0])
+            dirs.pop(0)
 
     def remove(self, path: str) -> None:
         """Delete a message directory: first one rename out of the state

@@ -121,10 +121,10 @@ def prune_hashdir(state_dir: str, cutoff: float) -> int:
                 continue
             hour_touched = False
             for minute, minute_dir in subdirs(hour_dir):
-                if int(minute) < 60 and hour_start + int(minute) * 60 + 60 <= cutoff:
-                    if remove_tree(minute_dir):
-                        removed += 1
-                        hour_touched = True
+                ended = hour_start + int(minute) * 60 + 60
+                if int(minute) < 60 and ended <= cutoff and remove_tree(minute_dir):
+                    removed += 1
+                    hour_touched = True
             if (hour_touched or hour_start + 3600 <= cutoff) and remove_if_empty(hour_dir):
                 day_touched = True
         if day_touched or start + 86400 <= cutoff:

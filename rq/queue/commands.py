@@ -142,7 +142,7 @@ class Commands:
         try:
             if src_path is not None:
                 self.q.store.link_attachments(src_path, path)
-            self.commit(msg_id)
+            self.commit(msg_id, fields)
         except Fail:
             self.discard_prep(msg_id, path)
             raise
@@ -172,8 +172,9 @@ class Commands:
             except OSError as exc:
                 log.warning("cannot discard prep/%s: %s", msg_id, exc)
 
-    def commit(self, msg_id: str) -> None:
-        """prep → que, made durable before the message can be scheduled."""
+    def commit(self, msg_id: str, fields: dict[str, Any] | None = None) -> None:
+        """prep → que, made durable before the message can be scheduled.
+        `fields` are the stored fields when the caller has them."""
         q = self.q
         with q.lock:
             q.store.move(msg_id, "prep", "que", sync=False)
@@ -181,7 +182,8 @@ class Commands:
         que_path = q.store.msg_path("que", msg_id)
         try:
             q.fs.fsync_dir(q.store.state_dir("que"))
-            fields = q.store.read_msg(que_path)
+            if fields is None:
+                fields = q.store.read_msg(que_path)
         except (OSError, ValueError) as exc:
             with q.lock:  # not durable: put it back so the state matches the reply
                 try:

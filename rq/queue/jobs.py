@@ -42,6 +42,8 @@ class Job:
     exited: tuple[int, bool] | None = None  # (returncode, core dumped)
     exit_wall: float = 0.0
     dups: list[str] = field(default_factory=list)
+    outcome: Outcome | None = None            # decided at exit (kept for retries)
+    sync_dirs: list[str] | None = None        # set once the final rename is done
 
     def block_key(self, params: tuple[int, ...]) -> tuple[str, ...]:
         return param_key(self.fields, params)

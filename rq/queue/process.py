@@ -55,6 +55,7 @@ class QueueProcess:
         self.new_pipes: list[J.Job] = []      # started from request threads, to register
         self.group_kills: list[tuple[float, int]] = []
         self.script_error: str | None = None
+        self.retry_soon = False                # a start failed on IO: pass again soon
         self.stopping = False
         self.stop_kill_at: float | None = None
         self.stop_requested = threading.Event()
@@ -116,8 +117,9 @@ class QueueProcess:
                 timeout = min(timeout, max(0.0, at - mono))
             if self.stop_kill_at is not None:
                 timeout = min(timeout, max(0.0, self.stop_kill_at - mono))
-            if self.unfinished:
-                timeout = min(timeout, 1.0)
+            if self.unfinished or self.retry_soon:
+                self.retry_soon = False
+                timeout = min(timeout, 0.5)
         return timeout
 
     def take_lock_file(self) -> None:
@@ -306,6 +308,7 @@ class QueueProcess:
             path = self.store.move(msg_id, "que", "run", sync=False)
         except OSError as exc:
             log.error("cannot move que/%s to run: %s", msg_id, exc)
+            self.retry_soon = True
             return False
         self.index.remove_que(msg_id)
         job = J.Job(msg_id, path, item.fields)
@@ -316,8 +319,13 @@ class QueueProcess:
         except OSError as exc:
             log.error("cannot start job for %s: %s", msg_id, exc)
             self.index.release_dups(job.dups)
-            self.store.move(msg_id, "run", "que", sync=False)
-            self.index.add_que(msg_id, time.time() + 5, item.fields)
+            self.retry_soon = True
+            try:
+                self.store.move(msg_id, "run", "que", sync=False)
+            except OSError:
+                log.error("run/%s stays in run until the next start recovers it", msg_id)
+                return False
+            self.index.add_que(msg_id, item.due, item.fields)
             return False
         self.jobs[msg_id] = job
         self.by_pid[job.pid] = job
@@ -330,7 +338,7 @@ class QueueProcess:
     def spawn(self, job: J.Job, real: str) -> None:
         job_dir = os.path.join(job.path, "job")
         if not os.path.isdir(job_dir):
-            os.mkdir(job_dir)
+            self.fs.mkdir(job_dir)
         env = J.job_env(self.base_env, self.main, self.cfg, real, job.fields, job.msg_id, job_dir)
         cmd = J.job_command(self.cfg.exec_prefix, real)
         up_w, up_r, down_w, down_r = proc.job_pipes()
@@ -354,10 +362,13 @@ class QueueProcess:
         started = proc.start_time(job.pid)
         info = {"pid": job.pid, "pgid": job.pid, "start_time": started,
                 "started": round(job.started_wall, 3)}
-        self.fs.write_file_atomic(os.path.join(job.path, "pid"), f"{job.pid}\n".encode(),
-                                  sync=False)
-        self.fs.write_file_atomic(os.path.join(job.path, "proc.json"),
-                                  protocol.dumps(info).encode(), sync=False)
+        try:  # the job runs already: a failed write here must not undo the start
+            self.fs.write_file_atomic(os.path.join(job.path, "pid"), f"{job.pid}\n".encode(),
+                                      sync=False)
+            self.fs.write_file_atomic(os.path.join(job.path, "proc.json"),
+                                      protocol.dumps(info).encode(), sync=False)
+        except OSError as exc:
+            log.error("cannot record pid of job %s: %s", job.msg_id, exc)
 
     def fail_unstarted(self, item: Any, text: str) -> None:
         """que → err for a message that never ran (S6.1.1)."""
@@ -487,7 +498,9 @@ class QueueProcess:
 
     # ================================================================ finishing (S6.6)
     def finish(self, job: J.Job) -> None:
-        outcome = J.decide(job, stopping=self.stopping)
+        if job.outcome is None:  # decided once, so a retry cannot change its mind
+            job.outcome = J.decide(job, stopping=self.stopping)
+        outcome = job.outcome
         try:
             self.complete(job, outcome)
         except OSError as exc:
@@ -503,20 +516,23 @@ class QueueProcess:
             job.down_w = -1
 
     def complete(self, job: J.Job, outcome: J.Outcome) -> None:
-        msg_id, path = job.msg_id, job.path
-        for leftover in ("pid", "proc.json"):
-            _unlink_quiet(os.path.join(path, leftover))
-        state = outcome.state
-        if outcome.status is not None:
-            self.store.write_status(path, outcome.status)
-        if state == "que":
-            job.fields["due"] = round(job.exit_wall + (outcome.due_delay or 0), 3)
+        """Move a finished job's message to its next state.  Retryable: an IO
+        error leaves `job` recording how far it got (moved, dirs to fsync)."""
+        msg_id, path, state = job.msg_id, job.path, outcome.state
         finished_dups = job.dups if state in ("done", "relayed") else []
-        if finished_dups:
-            job.fields["dups"] = [self.full_id(d) for d in finished_dups]
-        if state == "que" or finished_dups:
-            self.store.write_msg(path, job.fields, sync=False)
-        self.store.move(msg_id, "run", state)
+        if job.sync_dirs is None:
+            for leftover in ("pid", "proc.json"):
+                self.unlink_quiet(os.path.join(path, leftover))
+            if outcome.status is not None:
+                self.store.write_status(path, outcome.status)
+            if state == "que":
+                job.fields["due"] = round(job.exit_wall + (outcome.due_delay or 0), 3)
+            if finished_dups:
+                job.fields["dups"] = [self.full_id(d) for d in finished_dups]
+            if state == "que" or finished_dups:
+                self.store.write_msg(path, job.fields, sync=False)
+            _, job.sync_dirs = self.store.move_unsynced(msg_id, "run", state)
+        self.store.sync_dirs(job.sync_dirs)
         if state == "que":
             self.index.add_que(msg_id, job.fields["due"], job.fields)
         else:
@@ -575,6 +591,12 @@ class QueueProcess:
     # ================================================================ helpers
     def full_id(self, msg_id: str) -> str:
         return protocol.full_id(self.main.base_url, self.name, msg_id)
+
+    def unlink_quiet(self, path: str) -> None:
+        try:
+            self.fs.unlink(path)
+        except FileNotFoundError:
+            pass
 
     def try_io(self, fn: Any) -> None:
         try:

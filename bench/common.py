@@ -1,0 +1,188 @@
+"""Shared helpers of the benchmarks (not tests): temp roots, a queue process
+started by hand and always stopped, polling with deadlines, medians.
+
+Every benchmark builds its roots under one temporary directory that
+`temp_base()` removes afterwards, and starts queue processes through
+`QueueProc`, whose `stop()` runs from a `finally` even when a run fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+for _p in (str(REPO), str(REPO / "tests")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from rq import client  # noqa: E402
+from rq.errors import ConnectError  # noqa: E402
+from rqtest import make_queue, make_root, write_script  # noqa: E402,F401
+
+QUEUE = "bench"
+# A trivial queue script: /bin/sh, so no interpreter start per job (PERF.md).
+TRIVIAL_SCRIPT = '#!/bin/sh\necho "done ok" >&3\n'
+
+# PERF.md peers: trivial /bin/sh jobs, N = 2000, medians of 3, 2 cores, ext4.
+PEERS = (
+    ("bare spawn loop in Python (no queue, not durable)", "~1,000", "~2,000"),
+    ("task-spooler tsp (in-memory, not durable)", "~320", "~490"),
+    ("python-rq SimpleWorker, Redis AOF always", "~90", "~130"),
+    ("python-rq forking Worker, Redis AOF always", "~35", "~52"),
+    ("nq (serial, no fsync)", "~75", "-"),
+)
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str,
+             interval: float = 0.002) -> Any:
+    """Poll `cond` until it returns something truthy; BenchError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@contextlib.contextmanager
+def temp_base(keep: bool = False) -> Iterator[Path]:
+    """A temporary directory on the same filesystem as /tmp (ext4 on the bench
+    machine: fsyncs must be real), removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="rqbench-"))
+    try:
+        yield base
+    finally:
+        if keep:
+            print(f"(kept {base})")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def new_root(base: Path, label: str) -> Path:
+    """A fresh RQ root under `base` (one per run, so runs do not share state)."""
+    sub = base / label
+    sub.mkdir()
+    return make_root(sub)
+
+
+def bench_queue(root: Path, *, num_workers: int, script_body: str = TRIVIAL_SCRIPT,
+                paused: bool = False) -> Path:
+    script = write_script(root / "bench.sh", script_body)
+    qdir = make_queue(root, QUEUE, script, num_workers=num_workers)
+    if paused:
+        (root / "config" / f"{QUEUE}.pause").touch()
+    return qdir
+
+
+class QueueProc:
+    """`python -m rq.queue --root ROOT --name NAME`, in its own session."""
+
+    def __init__(self, root: Path, name: str = QUEUE, *, wait: bool = True,
+                 ready_timeout: float = 60.0) -> None:
+        self.root, self.name = root, name
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"]
+                                         if env.get("PYTHONPATH") else "")
+        self.log_path = root / "log" / f"{name}.stderr"
+        self.log = open(self.log_path, "ab")
+        self.spawned = time.monotonic()
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "rq.queue", "--root", str(root), "--name", name],
+            cwd=str(root), env=env, stdin=subprocess.DEVNULL, stdout=self.log,
+            stderr=self.log, start_new_session=True)
+        if wait:
+            try:
+                wait_for(self.ping, ready_timeout, f"queue {name} to answer ping")
+            except BaseException:
+                self.stop()
+                raise
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> None:
+        if self.popen.poll() is not None:
+            raise BenchError(f"queue process exited with {self.popen.returncode}; "
+                             f"see {self.log_path}:\n{self.tail()}")
+
+    def tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-2000:]
+        except OSError:
+            return ""
+
+    def try_call(self, cmd: str, arg: Any = None) -> Any:
+        """The reply, or None while nothing answers (the process must live)."""
+        self.alive()
+        try:
+            return self.call(cmd, arg)
+        except ConnectError:
+            return None
+
+    def ping(self) -> bool:
+        return self.try_call("ping") == ["pong"]
+
+    def call(self, cmd: str, arg: Any = None) -> Any:
+        return client.call_queue(str(self.root), self.name, cmd, arg)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (graceful), then SIGKILL of its group after `timeout`."""
+        try:
+            if self.popen.poll() is None:
+                self.popen.send_signal(signal.SIGTERM)
+                try:
+                    self.popen.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self.popen.pid, signal.SIGKILL)
+                    self.popen.wait(10)
+        finally:
+            self.log.close()
+
+    def __enter__(self) -> QueueProc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def check_ok(reply: Any) -> str:
+    if not (isinstance(reply, list) and len(reply) == 2 and reply[0] == "ok"):
+        raise BenchError(f"unexpected reply {reply!r}")
+    return reply[1]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def fmt_runs(values: list[float], fmt: str = "{:.0f}") -> str:
+    return "[" + ", ".join(fmt.format(v) for v in values) + "]"
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def machine_line() -> str:
+    return (f"python {sys.version.split()[0]}, {os.cpu_count()} cpu(s), "
+            f"load avg {', '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -1,0 +1,278 @@
+"""The `rq-mgr` command (SPEC S21): start|stop|restart|reload|run|status.
+
+Owns: argument parsing (`--root` anywhere, S1.2; `-t`/`--ontop`), the exact
+S21 texts and exit codes, starting the daemon detached and waiting for its
+ready line, and the forceful stop when a manager will not exit.  The grammar
+is six words, so it is parsed by hand rather than with click: click's own
+usage errors and exit status 2 would break S21's texts.
+
+`start` checks the config and the pid file itself first, so the common
+failures are reported with their exact text without spawning anything; the
+daemon repeats both checks (another `start` may race us) and reports what it
+finds on its ready pipe: `ready`, or `fatal <ERROR line>`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import signal
+import sys
+import time
+
+import psutil
+
+from rq.client import mgr_socket
+from rq.config import find_root, load_main_config, load_queue_config
+from rq.errors import ConfigError, RQError
+from rq.mgr import pidfile
+from rq.mgr.daemon import run_daemon
+from rq.mgr.supervisor import ALREADY_RUNNING, job_groups
+from rq.proc import kill_process, signal_group
+from rq.protocol import valid_queue_name
+
+USAGE = "usage: rq-mgr [--root PATH] start|stop|restart|reload|run|status"
+COMMANDS = ("start", "stop", "restart", "reload", "run", "status")
+START_TIMEOUT = 30.0
+STOP_BASE = 20.0      # S21: 20 s plus the largest kill_grace before SIGKILL
+POLL = 0.05
+# Runs the daemon from the root (S1.2) without a fork of this process.
+CD_AND_EXEC = 'cd "$1" || exit 1; shift; exec "$@"'
+READY_FD = 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command, ontop = parse(argv)
+    if command is None:
+        print(USAGE, file=sys.stderr)
+        return 1
+    try:
+        root, _ = find_root("rq-mgr", argv, os.environ)
+        return RUNNERS[command](root, ontop)
+    except RQError as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
+
+
+def parse(argv: list[str]) -> tuple[str | None, bool]:
+    """(command or None for a usage error, ontop); `--root` is find_root's."""
+    words, ontop = [], False
+    args = iter(argv)
+    for arg in args:
+        if arg in ("-t", "--ontop"):
+            ontop = True
+        elif arg == "--root":
+            next(args, None)
+        elif not arg.startswith("--root="):
+            words.append(arg)
+    if len(words) != 1 or words[0] not in COMMANDS:
+        return None, ontop
+    return words[0], ontop
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_status(root: str, ontop: bool) -> int:
+    pid = pidfile.running_pid(root)
+    if pid is None:
+        print("queuemgr: not running")
+        return 3
+    print(f"queuemgr: running [pid {pid}]")
+    return 0
+
+
+def cmd_reload(root: str, ontop: bool) -> int:
+    pid = pidfile.running_pid(root)
+    if pid is None:
+        print("queuemgr: not running", file=sys.stderr)
+        return 1
+    kill_process(pid, signal.SIGHUP)
+    print(f"queuemgr: reloading process with pid {pid}")
+    return 0
+
+
+def cmd_stop(root: str, ontop: bool) -> int:
+    pid = pidfile.running_pid(root)
+    if pid is None:
+        print("queuemgr: not running")
+        return 0
+    stop_manager(root, pid)
+    return 0
+
+
+def cmd_run(root: str, ontop: bool) -> int:
+    return run_daemon(root, stderr_log=True)
+
+
+def cmd_start(root: str, ontop: bool) -> int:
+    if ontop:
+        return cmd_run(root, ontop)
+    try:
+        load_main_config(root)
+    except ConfigError as exc:
+        print(f"ERROR: bad config file config/config.json: {exc}", file=sys.stderr)
+        return 1
+    if pidfile.running_pid(root) is not None:
+        print(ALREADY_RUNNING, file=sys.stderr)
+        return 1
+    return start_detached(root)
+
+
+def cmd_restart(root: str, ontop: bool) -> int:
+    pid = pidfile.running_pid(root)
+    if pid is not None:
+        stop_manager(root, pid)
+    return cmd_start(root, ontop)
+
+
+RUNNERS = {"status": cmd_status, "reload": cmd_reload, "stop": cmd_stop, "run": cmd_run,
+           "start": cmd_start, "restart": cmd_restart}
+
+
+# ---------------------------------------------------------------- start
+
+
+def start_detached(root: str) -> int:
+    """Spawn `python -m rq.mgr` in its own session with stdio on /dev/null and
+    wait up to 30 s for its ready line."""
+    read_fd, write_fd = os.pipe()
+    # Above 9 so the dup2 onto fd 3 always clears close-on-exec (dup2 of an fd
+    # onto itself would not) and no /dev/null open can land on it.
+    high = fcntl.fcntl(write_fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(write_fd)
+    argv = ["/bin/sh", "-c", CD_AND_EXEC, "rq-mgr", root, sys.executable, "-m", "rq.mgr",
+            "--root", root, "--ready-fd", str(READY_FD)]
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+        (os.POSIX_SPAWN_DUP2, high, READY_FD),
+    ]
+    try:
+        pid = os.posix_spawn("/bin/sh", argv, dict(os.environ), file_actions=actions,
+                             setsid=True)
+    finally:
+        os.close(high)
+    try:
+        line = read_ready_line(read_fd, time.monotonic() + START_TIMEOUT)
+    finally:
+        os.close(read_fd)
+    if line == "ready":
+        return 0
+    if line is None:
+        print("ERROR: rq-mgr did not become ready within 30 seconds, see log/queuemgr.log",
+              file=sys.stderr)
+        return 1
+    reap_soon(pid)
+    if line.startswith("fatal "):
+        print(line[len("fatal "):], file=sys.stderr)
+    else:
+        print("ERROR: rq-mgr exited during start-up, see log/queuemgr.log", file=sys.stderr)
+    return 1
+
+
+def read_ready_line(fd: int, deadline: float) -> str | None:
+    """The first line on `fd`; "" at EOF without one; None at the deadline."""
+    buf = b""
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        readable, _, _ = select.select([fd], [], [], remaining)
+        if not readable:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+
+def reap_soon(pid: int, timeout: float = 2.0) -> None:
+    """Collect a daemon that failed to start, so no zombie is left behind."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(POLL)
+
+
+# ---------------------------------------------------------------- stop
+
+
+def stop_manager(root: str, pid: int) -> None:
+    """S21 stop: SIGTERM and wait; after 20 s + the largest kill_grace,
+    SIGKILL everything the manager ran and remove its files."""
+    print(f"queuemgr: trying to stop process with pid {pid}...", flush=True)
+    kill_process(pid, signal.SIGTERM)
+    if wait_gone(pid, STOP_BASE + max_kill_grace(root)):
+        return
+    print(f"queuemgr: process with pid {pid} won't stop, we forcefully kill it...", flush=True)
+    force_kill(root, pid)
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while pidfile.process_alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL)
+    return True
+
+
+def queue_names(root: str) -> list[str]:
+    try:
+        names = os.listdir(os.path.join(root, "queue"))
+    except OSError:
+        return []
+    return sorted(n for n in names if valid_queue_name(n))
+
+
+def max_kill_grace(root: str) -> float:
+    graces = [0.0]
+    for name in queue_names(root):
+        try:
+            graces.append(float(load_queue_config(root, name)[0].kill_grace))
+        except ConfigError:
+            continue
+    return max(graces)
+
+
+def force_kill(root: str, pid: int) -> None:
+    """SIGKILL the manager, its daemons and every recorded job process group."""
+    try:
+        daemons = [p.pid for p in psutil.Process(pid).children()]
+    except psutil.Error:
+        daemons = []
+    kill_process(pid, signal.SIGKILL)
+    qdirs = [os.path.join(root, "queue", name) for name in queue_names(root)]
+    daemons += [p for p in map(queue_process, qdirs) if p is not None]
+    for child in set(daemons):  # first, so no queue starts another job
+        kill_process(child, signal.SIGKILL)
+    for qdir in qdirs:
+        for pgid in job_groups(qdir):
+            signal_group(pgid, signal.SIGKILL)
+    wait_gone(pid, 5.0)
+    pidfile.remove_pid(root)
+    try:
+        os.unlink(mgr_socket(root))
+    except FileNotFoundError:
+        pass
+
+
+def queue_process(qdir: str) -> int | None:
+    """The pid in queue.pid if it is still a queue process (never a reused pid)."""
+    try:
+        with open(os.path.join(qdir, "queue.pid"), encoding="ascii") as f:
+            pid = int(f.read().strip())
+        cmdline = " ".join(psutil.Process(pid).cmdline())
+    except (OSError, ValueError, psutil.Error):
+        return None
+    return pid if "[rq-que]" in cmdline or "rq.queue" in cmdline else None

@@ -1,0 +1,195 @@
+"""Manager socket commands (SPEC S7.2, S3.5 flags, S3.7 create/delete/restart).
+
+Owns: one thin handler per command, run in the socket server's threads.
+Anything that reads or changes the supervised children goes through
+`Manager.call_in_loop`, so the children table is only ever touched by the
+manager's loop thread.  Files that no process owns (admin flag files, a queue
+directory being built) are handled here directly.
+
+Not here yet (answered `["error"]` like unknown commands until the issues that
+add them): timers, timers_status, reserve, report, renew, subscribe,
+unsubscribe.  A bad frame or a non-JSON ARG never reaches this module: the
+Rq1Server answers `["fail","bad request"]` (S7.1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import rq
+from rq import protocol
+from rq.client import call_queue
+from rq.config import QueueConfig, validate_queue_config
+from rq.errors import ConfigError, ConnectError
+
+if TYPE_CHECKING:
+    from rq.mgr.supervisor import Manager
+
+log = logging.getLogger(__name__)
+
+STATE_DIRS = ("prep", "que", "run", "done", "relayed", "err")  # S3.2
+NUDGE_TIMEOUT = 0.5
+# S3.5: command -> (verb in the failure text, flag file suffix, create the flag?)
+FLAG_COMMANDS = {
+    "up_queue": ("up", "down", False),
+    "down_queue": ("down", "down", True),
+    "pause_queue": ("pause", "pause", True),
+    "resume_queue": ("resume", "pause", False),
+}
+Reply = list[Any]
+
+
+class Commands:
+    def __init__(self, manager: Manager) -> None:
+        self.mgr = manager
+        self.root = manager.root
+        self.queue_root = os.path.join(manager.root, "queue")
+        self.fs = manager.fs
+        self.table: dict[str, Callable[[str | None], Reply]] = {
+            "ping": lambda arg: ["pong"],
+            "environment": lambda arg: [self.mgr.config.env],
+            "version": lambda arg: [rq.__version__],
+            "uptime": lambda arg: [self.mgr.uptime()],
+            "queues": lambda arg: self.mgr.call_in_loop(self.mgr.queue_names),
+            "status": lambda arg: ["ok", self.mgr.call_in_loop(self.mgr.status)],
+            "reload": self.reload,
+            "restart_queue": self.restart_queue,
+            "delete_queue": self.delete_queue,
+            "create_queue": self.create_queue,
+            "create_queue_link": self.create_queue_link,
+        }
+        for cmd, (verb, suffix, create) in FLAG_COMMANDS.items():
+            self.table[cmd] = self._flag_handler(verb, suffix, create)
+
+    def handle(self, cmd: str, arg: str | None, conn: socket.socket) -> Reply:
+        handler = self.table.get(cmd)
+        if handler is None:
+            return ["error"]
+        return handler(arg)
+
+    # ------------------------------------------------------------ supervision
+
+    def reload(self, arg: str | None) -> Reply:
+        self.mgr.call_in_loop(self.mgr.reload_now)
+        return ["ok"]
+
+    def restart_queue(self, name: str | None) -> Reply:
+        if not protocol.valid_queue_name(name):
+            return ["fail", "invalid queue name"]
+        if not self.mgr.call_in_loop(self.mgr.restart_queue, name):
+            return ["fail", "invalid queue name"]
+        return ["ok", name]
+
+    def delete_queue(self, name: str | None) -> Reply:
+        if not protocol.valid_queue_name(name):
+            return ["fail", "no such queue"]
+        if not self.mgr.call_in_loop(self.mgr.delete_queue, name):
+            return ["fail", "no such queue"]
+        return ["ok", "started deleting queue"]
+
+    # ------------------------------------------------------------ admin flags (S3.5)
+
+    def _flag_handler(self, verb: str, suffix: str,
+                      create: bool) -> Callable[[str | None], Reply]:
+        def handler(name: str | None) -> Reply:
+            if not protocol.valid_queue_name(name) or not self.mgr.has_config(str(name)):
+                return ["fail", "invalid queue name"]
+            path = os.path.join(self.root, "config", f"{name}.{suffix}")
+            try:
+                if create:
+                    self.fs.write_file_atomic(path, b"")
+                elif os.path.lexists(path):
+                    self.fs.unlink(path)
+            except OSError as exc:
+                log.warning("cannot %s queue %s: %s", verb, name, exc)
+                return ["fail", f"not allowed to {verb}"]
+            self.nudge(str(name))
+            return ["ok", name]
+
+        return handler
+
+    def nudge(self, name: str) -> None:
+        """Any request makes a queue run a scheduler pass (S2.6), so the new
+        flag takes effect now rather than within 5 s.  Best effort."""
+        try:
+            call_queue(self.root, name, "ping", timeout=NUDGE_TIMEOUT)
+        except ConnectError:
+            pass
+
+    # ------------------------------------------------------------ create (S3.7)
+
+    def create_queue(self, arg: str | None) -> Reply:
+        data = protocol.parse_json_arg(arg)  # invalid JSON -> ["fail","bad request"]
+        try:
+            config, _ = validate_queue_config(data)
+        except ConfigError as exc:
+            return ["fail", str(exc)]
+        text = json.dumps(config.normalised(), indent=2, ensure_ascii=False) + "\n"
+
+        def write_config(qdir: str) -> None:
+            self.fs.write_file_atomic(os.path.join(qdir, "config.json"), text.encode())
+
+        return self.publish_queue(config, write_config)
+
+    def create_queue_link(self, arg: str | None) -> Reply:
+        given = arg or ""
+        path = os.path.join(self.root, given)  # an absolute `given` wins in join
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except OSError as exc:
+            return ["fail", f"could not read queue config [ {given} ]: {exc.strerror or exc}"]
+        except ValueError as exc:
+            return ["fail", f"could not read queue config [ {given} ]: {exc}"]
+        try:
+            config, _ = validate_queue_config(data)
+        except ConfigError as exc:
+            return ["fail", str(exc)]
+        if self.mgr.call_in_loop(self.mgr.queue_is_running, config.name):
+            return ["fail", "queue is already running"]
+        real = os.path.realpath(path)
+
+        def link_config(qdir: str) -> None:
+            os.symlink(real, os.path.join(qdir, "config.json"))
+
+        return self.publish_queue(config, link_config)
+
+    def publish_queue(self, config: QueueConfig, write_config: Callable[[str], None]) -> Reply:
+        """Build the queue directory under a private (invalid, so never
+        loaded) name, then publish it with one rename that refuses to clobber."""
+        name = config.name
+        qdir = os.path.join(self.queue_root, name)
+        if os.path.lexists(qdir):
+            return ["fail", "already created"]
+        tmp = os.path.join(self.queue_root, f".{name}.new.{os.getpid()}.{threading.get_ident()}")
+        try:
+            os.makedirs(self.queue_root, exist_ok=True)
+            self.fs.mkdir(tmp)
+            for state in STATE_DIRS:
+                self.fs.mkdir(os.path.join(tmp, state))
+            write_config(tmp)
+            self.fs.fsync_dir(tmp)
+            self.fs.rename_noreplace(tmp, qdir)
+            self.fs.fsync_dir(self.queue_root)
+        except FileExistsError:
+            self._discard(tmp)
+            return ["fail", "already created"]
+        except OSError as exc:
+            log.error("queue %s not created: %s", name, exc)
+            self._discard(tmp)
+            return ["fail", "queue not created"]
+        log.info("queue %s created", name)
+        self.mgr.call_in_loop(self.mgr.start_new_queue, name)
+        return ["success", "queue created - awesome"]
+
+    def _discard(self, tmp: str) -> None:
+        try:
+            self.fs.rmtree(tmp)
+        except OSError:
+            pass

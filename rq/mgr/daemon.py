@@ -1,0 +1,97 @@
+"""The manager's program edge: `python -m rq.mgr --root ROOT [--foreground]
+[--ready-fd F]`, also called in-process by `rq-mgr run`.
+
+Owns: reading the main config (S2.2 step 1), the process title
+`[rq-mgr] <root>` (S2.1), logging set-up (S1.5, role `rq-mgr`), the working
+directory (the root, S1.2), the children's environment (S6.2), the fs seam
+choice (RQ_FS_FAULTS) and the manager's own ready pipe towards `rq-mgr start`:
+one line, `ready` or `fatal <the ERROR line to print>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import setproctitle
+
+from rq import fsops
+from rq.config import load_main_config
+from rq.errors import ConfigError, RQError
+from rq.logs import setup_logging
+from rq.mgr import pidfile
+from rq.mgr.children import Policy
+from rq.mgr.supervisor import ArgvBuilder, Manager, child_env
+
+log = logging.getLogger(__name__)
+
+
+class ReadyPipe:
+    """The write end of `rq-mgr start`'s ready pipe; one line, then closed."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    def send(self, line: str) -> None:
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        try:
+            os.write(fd, line.encode("utf-8", "replace") + b"\n")
+        except OSError:
+            pass  # `rq-mgr start` gave up waiting; nothing to tell
+        finally:
+            os.close(fd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rq.mgr")
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--foreground", action="store_true", help="also log to stderr")
+    parser.add_argument("--ready-fd", type=int, default=None)
+    args = parser.parse_args(argv)
+    return run_daemon(os.path.abspath(args.root), stderr_log=args.foreground,
+                      ready_fd=args.ready_fd)
+
+
+def run_daemon(root: str, *, stderr_log: bool = False, ready_fd: int | None = None,
+               argv_for: ArgvBuilder | None = None, policy: Policy | None = None) -> int:
+    """Start the manager for `root` and serve until stopped: 0, or 1 after a
+    start-up failure (its ERROR line on stderr and on the ready pipe)."""
+    ready = ReadyPipe(ready_fd)
+    try:
+        config = load_main_config(root)
+    except ConfigError as exc:
+        return startup_failed(f"ERROR: bad config file config/config.json: {exc}", ready)
+    try:
+        os.chdir(root)
+        setup_logging(root, "rq-mgr", stderr=stderr_log)
+    except OSError as exc:
+        return startup_failed(f"ERROR: cannot open log/queuemgr.log: {exc.strerror}", ready)
+    setproctitle.setproctitle(pidfile.title(root))  # before the pid file names us
+    manager = Manager(root, config, env=child_env(os.environ, config), argv_for=argv_for,
+                      policy=policy, fs=fsops.from_environment(os.environ),
+                      on_ready=lambda: ready.send("ready"))
+    try:
+        manager.start()
+    except RQError as exc:
+        log_to_file(logging.ERROR, f"start-up failed: {exc}")
+        return startup_failed(str(exc), ready)
+    return manager.run()
+
+
+def log_to_file(level: int, text: str) -> None:
+    """Log to log/queuemgr.log only: `rq-mgr run` prints the exact line itself,
+    and S0.3.3 wants one line on stderr, not two."""
+    record = log.makeRecord(log.name, level, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def startup_failed(line: str, ready: ReadyPipe) -> int:
+    print(line, file=sys.stderr)
+    ready.send(f"fatal {line}")
+    return 1

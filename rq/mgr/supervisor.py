@@ -1,0 +1,552 @@
+"""The supervisor: the `rq-mgr` daemon's Manager (SPEC S2.1-S2.5).
+
+Owns: the pid file and the manager socket of a root, the table of supervised
+children (one queue process per queue directory now; the web server, scandir
+and timers are one line each in DAEMON_MODULES / SERVICES later), the main
+loop, signals (SIGTERM/SIGINT graceful stop, SIGHUP reload), reaping,
+restarts with backoff, graceful stop with a SIGKILL deadline, and the queue
+directory operations that need a stopped queue (delete to trash).
+
+All of the children table is touched by the loop thread only.  Socket
+threads (rq.mgr.commands) hand work to the loop with `call_in_loop`, which
+wakes the loop and waits for the answer, so there are no races and no locks
+around the table.  It must not import rq.queue: a queue is a program it runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from rq import proc
+from rq.client import mgr_socket
+from rq.config import MainConfig, load_queue_config
+from rq.errors import ConfigError, Fail, RQError
+from rq.fsops import FsOps
+from rq.loop import Loop
+from rq.mgr import pidfile
+from rq.mgr.children import Child, Policy, State
+from rq.protocol import describe_exit, valid_queue_name
+from rq.sockserve import Rq1Server
+
+log = logging.getLogger(__name__)
+
+# kind -> module run as `python -m MODULE --root ROOT [--name NAME]`.
+DAEMON_MODULES: dict[str, str] = {
+    "queue": "rq.queue",
+}
+# Singleton daemons, started after the queues and stopped after them (S2.2,
+# S2.5).  Adding one: its module above and its kind here, e.g. "scandir".
+SERVICES: tuple[str, ...] = ()
+STATUS_SERVICES = ("web", "scandir", "timers")  # keys of the S7.2 status reply
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1)
+MAX_WAIT = 5.0           # the loop looks around at least this often
+READY_CAP = 20.0         # announce readiness even if a queue is still STARTING
+REQUEST_TIMEOUT = 30.0   # how long a socket thread waits for the loop
+DEFAULT_KILL_GRACE = 10.0
+ALREADY_RUNNING = "ERROR: there is already one or more instance(s) of the program running"
+
+ArgvBuilder = Callable[[str, str], list[str]]
+
+
+def default_argv(root: str, kind: str, name: str) -> list[str]:
+    """The command line of a supervised daemon (proc.spawn_daemon appends
+    `--lifeline-fd F --ready-fd F`)."""
+    argv = [*proc.python_argv(DAEMON_MODULES[kind]), "--root", root]
+    return [*argv, "--name", name] if kind == "queue" else argv
+
+
+def child_env(base: Mapping[str, str], config: MainConfig) -> dict[str, str]:
+    """S6.2: the manager's environment plus RQ_ENV, RQ_ROOT and TMPDIR."""
+    env = dict(base)
+    env["RQ_ENV"] = config.env
+    env["RQ_ROOT"] = config.root
+    if config.tmpdir:
+        env["TMPDIR"] = config.tmpdir
+    return env
+
+
+class Manager:
+    def __init__(self, root: str, config: MainConfig, *, env: Mapping[str, str],
+                 argv_for: ArgvBuilder | None = None, policy: Policy | None = None,
+                 fs: FsOps | None = None,
+                 on_ready: Callable[[], None] | None = None) -> None:
+        self.root = root
+        self.config = config
+        self.env = dict(env)
+        self.argv_for = argv_for or functools.partial(default_argv, root)
+        self.policy = policy or Policy()
+        self.fs = fs or FsOps()
+        self.on_ready = on_ready
+        self.queue_root = os.path.join(root, "queue")
+        self.children: dict[tuple[str, str], Child] = {}
+        self.started = time.monotonic()
+        self.stopping = False
+        self.announced = False
+        self.ready_deadline = 0.0
+        self.loop: Loop | None = None
+        self.server: Rq1Server | None = None
+        self._requests: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...],
+                                                Future[Any]]] = queue.SimpleQueue()
+        self._requests_lock = threading.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------ start-up (S2.2)
+
+    def start(self) -> None:
+        """Steps 2, 3, 5 of S2.2 (step 1, the main config, is the caller's).
+        Raises RQError with the line to print."""
+        from rq.mgr.commands import Commands  # commands needs a Manager instance only
+
+        self.loop = Loop(SIGNALS)
+        self.claim_pid_file()
+        try:
+            self.server = Rq1Server(mgr_socket(self.root), Commands(self).handle)
+            self.server.start()
+        except OSError as exc:
+            pidfile.remove_pid(self.root, os.getpid())
+            raise RQError(f"ERROR: cannot bind config/queuemgr.sock: {exc.strerror or exc}")
+        log.info("rq-mgr started, pid %d, root %s", os.getpid(), self.root)
+        now = time.monotonic()
+        self.ready_deadline = now + READY_CAP
+        for name in self.scan_queues():
+            self.add_child("queue", name, now)
+        for kind in SERVICES:
+            self.add_child(kind, kind, now)
+
+    def claim_pid_file(self) -> None:
+        pid = pidfile.read_pid(self.root)
+        if pid is not None and pid != os.getpid() and pidfile.is_manager_of(pid, self.root):
+            raise RQError(ALREADY_RUNNING)
+        if pid is not None:
+            log.info("removing stale pid file (pid %d)", pid)
+        pidfile.write_pid(self.root, os.getpid(), self.fs)
+
+    def scan_queues(self) -> list[str]:
+        """Queue directories with a valid name and a readable config.json (S2.2 step 5)."""
+        try:
+            names = os.listdir(self.queue_root)
+        except OSError:
+            return []
+        return sorted(n for n in names if valid_queue_name(n) and self.has_config(n))
+
+    def has_config(self, name: str) -> bool:
+        try:
+            with open(os.path.join(self.queue_root, name, "config.json"), "rb"):
+                return True
+        except OSError:
+            return False
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        """Serve until stopped; then remove the pid and socket files (S2.5)."""
+        try:
+            self.run_once(0)  # announce at once when no child needs to come up
+            while not (self.stopping and not self.children):
+                try:
+                    self.run_once(self.next_timeout(time.monotonic()))
+                except Exception:  # a bug in one pass must not orphan every queue
+                    log.exception("rq-mgr loop error")
+                    time.sleep(0.1)  # no tight loop if the bug repeats
+        finally:
+            self.close()
+        log.info("rq-mgr stopped")
+        return 0
+
+    def run_once(self, timeout: float | None, now: float | None = None) -> None:
+        """wait -> handle signals -> handle requests -> reap -> restart -> deadlines."""
+        assert self.loop is not None
+        signals = self.loop.wait(timeout)
+        now = time.monotonic() if now is None else now
+        self.handle_signals(signals, now)
+        self.run_requests()
+        self.reap(now)
+        self.start_due(now)
+        self.enforce_stop_deadlines(now)
+        self.advance_shutdown(now)
+        self.announce_ready(now)
+
+    def next_timeout(self, now: float) -> float:
+        times = [c.due for c in self.children.values() if c.state is State.BACKOFF]
+        times += [c.stop_deadline for c in self.children.values()
+                  if c.state is State.STOPPING and not c.killed]
+        if not self.announced:
+            times.append(self.ready_deadline)
+        return max(0.0, min([now + MAX_WAIT, *times]) - now)
+
+    def close(self) -> None:
+        with self._requests_lock:
+            self._closed = True
+        self.run_requests()  # answer whatever is still queued
+        if self.server is not None:
+            self.server.close()  # also removes the socket file
+        pidfile.remove_pid(self.root, os.getpid())
+
+    # ------------------------------------------------------------ signals
+
+    def handle_signals(self, signals: list[int], now: float) -> None:
+        for sig in signals:
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                self.handle_term(now)
+            elif sig == signal.SIGHUP:
+                self.reload(now)
+            # SIGCHLD only wakes us (reap runs every pass); SIGUSR1 needs no
+            # work: every daemon's WatchedFileHandler reopens a rotated log.
+
+    def handle_term(self, now: float) -> None:
+        """S2.5: stop every queue in parallel; a second signal is passed on."""
+        if self.stopping:
+            log.info("second stop signal: passing SIGTERM on to stopping children")
+            for child in self.children.values():
+                if child.state is State.STOPPING and child.daemon is not None:
+                    proc.kill_process(child.daemon.pid, signal.SIGTERM)
+            return
+        log.info("stopping: %d children", len(self.children))
+        self.stopping = True
+        for child in list(self.children.values()):
+            if child.kind == "queue":
+                self.stop_child(child, now, "forget")
+
+    def advance_shutdown(self, now: float) -> None:
+        """Once every queue is gone, stop the services (S2.5)."""
+        if not self.stopping or any(c.kind == "queue" for c in self.children.values()):
+            return
+        for child in list(self.children.values()):
+            if child.state is not State.STOPPING:
+                self.stop_child(child, now, "forget")
+
+    # ------------------------------------------------------------ requests from socket threads
+
+    def call_in_loop(self, func: Callable[..., Any], *args: Any) -> Any:
+        """Run `func(*args)` in the loop thread and return its result."""
+        future: Future[Any] = Future()
+        with self._requests_lock:
+            if self._closed:
+                raise Fail("rq-mgr is stopping")
+            self._requests.put((func, args, future))
+        assert self.loop is not None
+        self.loop.wake()
+        try:
+            return future.result(REQUEST_TIMEOUT)
+        except TimeoutError:
+            raise Fail("rq-mgr is busy") from None
+
+    def run_requests(self) -> None:
+        while True:
+            try:
+                func, args, future = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(func(*args))
+            except Exception as exc:
+                future.set_exception(exc)
+
+    # ------------------------------------------------------------ spawning and reaping
+
+    def add_child(self, kind: str, name: str, now: float) -> Child:
+        child = Child(kind, name, self.argv_for(kind, name))
+        self.children[(kind, name)] = child
+        self.launch(child, now)
+        return child
+
+    def launch(self, child: Child, now: float) -> None:
+        """Spawn `child`; a config that can never work is FATAL at once (S2.3)."""
+        if self.stopping:
+            return
+        if child.kind == "queue":
+            try:
+                load_queue_config(self.root, child.name)
+            except ConfigError as exc:
+                child.transition(State.FATAL, now, error=str(exc))
+                return
+        try:
+            daemon = proc.spawn_daemon(child.argv, cwd=self.root, env=self.env)
+        except OSError as exc:
+            child.failed(f"cannot spawn: {exc.strerror or exc}", now, self.policy)
+            return
+        # Non-blocking: a job of the child may have inherited the write end,
+        # so EOF can come late; we read only what is there.
+        os.set_blocking(daemon.ready_r, False)
+        assert self.loop is not None
+        self.loop.add_reader(daemon.ready_r, functools.partial(self.read_ready, child))
+        child.spawned(daemon, now)
+        log.info("%s: spawned pid %d", child.label, daemon.pid)
+
+    def read_ready(self, child: Child, fd: int) -> None:
+        try:
+            data = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close_ready(child)
+            return
+        now = time.monotonic()
+        for line in child.feed_ready(data):
+            child.ready_line(line, now)
+        if child.state is State.RUNNING and child.hup_pending:
+            child.hup_pending = False
+            self.signal_child(child, signal.SIGHUP)
+
+    def close_ready(self, child: Child) -> None:
+        daemon = child.daemon
+        if daemon is None or daemon.ready_r < 0:
+            return
+        assert self.loop is not None
+        self.loop.remove_reader(daemon.ready_r)
+        os.close(daemon.ready_r)
+        daemon.ready_r = -1
+
+    def close_lifeline(self, child: Child) -> None:
+        """EOF on the lifeline tells the child to stop gracefully (S2.1)."""
+        daemon = child.daemon
+        if daemon is not None and daemon.lifeline_w >= 0:
+            os.close(daemon.lifeline_w)
+            daemon.lifeline_w = -1
+
+    def reap(self, now: float) -> None:
+        """Poll every child's own process (never waitpid(-1): other code in
+        this process may own children too) and decide what comes next."""
+        for child in list(self.children.values()):
+            daemon = child.daemon
+            if daemon is None or (returncode := daemon.popen.poll()) is None:
+                continue
+            if daemon.ready_r >= 0:
+                self.read_ready(child, daemon.ready_r)  # a last line written before exiting
+            self.close_ready(child)
+            self.close_lifeline(child)
+            log.info("%s: pid %d exited: %s", child.label, daemon.pid,
+                     describe_exit(returncode))
+            child.exited(returncode, now, self.policy)
+            if child.state is State.STOPPED:
+                self.finish_stop(child, now)
+
+    def start_due(self, now: float) -> None:
+        for child in list(self.children.values()):
+            if child.state is State.BACKOFF and child.due <= now:
+                self.launch(child, now)
+
+    def signal_child(self, child: Child, sig: int) -> None:
+        if child.daemon is not None:
+            proc.kill_process(child.daemon.pid, sig)
+
+    # ------------------------------------------------------------ stopping (S2.5, S3.7)
+
+    def stop_child(self, child: Child, now: float, after: str) -> None:
+        """Graceful stop: SIGTERM and lifeline EOF; `after` says what follows
+        its exit ("forget", "restart" or "delete")."""
+        if child.state is State.STOPPING:
+            child.merge_after_stop(after)
+            return
+        if child.daemon is None:  # BACKOFF or FATAL: nothing runs
+            child.after_stop = after
+            child.transition(State.STOPPED, now)
+            self.finish_stop(child, now)
+            return
+        child.stop_requested(now, now + self.stop_grace(child), after)
+        self.signal_child(child, signal.SIGTERM)
+        self.close_lifeline(child)
+
+    def stop_grace(self, child: Child) -> float:
+        """S2.5: a queue gets its kill_grace + 10 s before SIGKILL."""
+        grace = 0.0
+        if child.kind == "queue":
+            try:
+                grace = float(load_queue_config(self.root, child.name)[0].kill_grace)
+            except ConfigError:
+                grace = DEFAULT_KILL_GRACE
+        return grace + self.policy.stop_margin
+
+    def enforce_stop_deadlines(self, now: float) -> None:
+        for child in self.children.values():
+            if child.state is State.STOPPING and not child.killed and child.stop_deadline <= now:
+                self.kill_child(child)
+
+    def kill_child(self, child: Child) -> None:
+        """SIGKILL a child that would not stop, and its jobs' process groups
+        (their messages stay in run/ and are recovered at the next start)."""
+        child.killed = True
+        log.warning("%s: did not stop in time, sending SIGKILL", child.label)
+        self.signal_child(child, signal.SIGKILL)
+        if child.kind == "queue":
+            for pgid in job_groups(os.path.join(self.queue_root, child.name)):
+                proc.signal_group(pgid, signal.SIGKILL)
+
+    def finish_stop(self, child: Child, now: float) -> None:
+        """The child has stopped: forget it, start it again, or trash its queue."""
+        after, key = child.after_stop, (child.kind, child.name)
+        if after == "restart" and not self.stopping:
+            child.reset_failures()
+            self.launch(child, now)
+            return
+        self.children.pop(key, None)
+        if after == "delete":
+            self.trash_queue(child.name)
+        log.info("%s: forgotten", child.label)
+
+    def trash_queue(self, name: str) -> None:
+        """S3.7: rename queue/NAME to queue/NAME.deleted.<inode>."""
+        qdir = os.path.join(self.queue_root, name)
+        try:
+            trash = f"{qdir}.deleted.{os.stat(qdir).st_ino}"
+            self.fs.rename_noreplace(qdir, trash)
+            self.fs.fsync_dir(self.queue_root)
+        except OSError as exc:
+            log.error("queue %s: cannot move to trash: %s", name, exc)
+            return
+        log.info("queue %s: deleted, moved to %s", name, os.path.basename(trash))
+
+    # ------------------------------------------------------------ reload (S2.4)
+
+    def reload(self, now: float) -> None:
+        if self.stopping:
+            return
+        present = set(self.scan_queues())
+        log.info("reload: %d queue directories", len(present))
+        for child in list(self.children.values()):
+            if child.kind != "queue":
+                if child.state in (State.BACKOFF, State.FATAL):
+                    self.restart_child(child, now)
+            elif child.name not in present:
+                self.stop_child(child, now, "forget")
+            elif child.state is State.RUNNING:
+                self.signal_child(child, signal.SIGHUP)
+            elif child.state is State.STARTING:
+                child.hup_pending = True  # its SIGHUP handler may not exist yet
+            elif child.state in (State.BACKOFF, State.FATAL):
+                self.restart_child(child, now)
+            elif child.state is State.STOPPING:
+                child.merge_after_stop("restart")
+        for name in sorted(present - {c.name for c in self.queues()}):
+            self.add_child("queue", name, now)
+
+    def restart_child(self, child: Child, now: float) -> None:
+        """Stop (if running) then start; clears the failure count and FATAL."""
+        child.reset_failures()
+        if child.daemon is not None:
+            self.stop_child(child, now, "restart")
+        else:
+            self.launch(child, now)
+
+    # ------------------------------------------------------------ what commands call (loop thread)
+
+    def queues(self) -> list[Child]:
+        return [c for c in self.children.values() if c.kind == "queue"]
+
+    def queue_names(self) -> list[str]:
+        return sorted(c.name for c in self.queues())
+
+    def queue_is_running(self, name: str) -> bool:
+        child = self.children.get(("queue", name))
+        return child is not None and child.daemon is not None
+
+    def restart_queue(self, name: str) -> bool:
+        child = self.children.get(("queue", name))
+        now = time.monotonic()
+        if child is None:
+            if self.stopping or not self.has_config(name):
+                return False
+            self.add_child("queue", name, now)
+            return True
+        self.restart_child(child, now)
+        return True
+
+    def start_new_queue(self, name: str) -> None:
+        """A queue directory was just created (S3.7)."""
+        child = self.children.get(("queue", name))
+        now = time.monotonic()
+        if child is None:
+            if not self.stopping:
+                self.add_child("queue", name, now)
+        elif child.state not in (State.STARTING, State.RUNNING):
+            self.restart_child(child, now)
+
+    def delete_queue(self, name: str) -> bool:
+        child = self.children.get(("queue", name))
+        if child is not None:
+            self.stop_child(child, time.monotonic(), "delete")
+            return True
+        if os.path.isdir(os.path.join(self.queue_root, name)):
+            self.trash_queue(name)
+            return True
+        return False
+
+    def reload_now(self) -> None:
+        self.reload(time.monotonic())
+
+    def status(self) -> dict[str, Any]:
+        """The S7.2 `status` object; services not supervised (yet) are null."""
+        out: dict[str, Any] = {"queues": {c.name: c.describe()
+                                          for c in sorted(self.queues(), key=lambda c: c.name)}}
+        for kind in STATUS_SERVICES:
+            child = self.children.get((kind, kind))
+            out[kind] = child.describe() if child is not None else None
+        return out
+
+    def uptime(self) -> int:
+        return int(time.monotonic() - self.started)
+
+    # ------------------------------------------------------------ readiness
+
+    def announce_ready(self, now: float) -> None:
+        """Tell `rq-mgr start` we are up once no child is still STARTING (or
+        after READY_CAP s, so one slow recovery cannot fail the start)."""
+        if self.announced:
+            return
+        starting = any(c.state is State.STARTING for c in self.children.values())
+        if starting and now < self.ready_deadline:
+            return
+        self.announced = True
+        log.info("rq-mgr ready")
+        if self.on_ready is not None:
+            self.on_ready()
+
+
+def job_groups(qdir: str) -> list[int]:
+    """Process groups of the jobs recorded in `qdir/run/*/pid` that are still
+    those jobs: a proc.json start time, when present, must match (S2.7)."""
+    run = os.path.join(qdir, "run")
+    try:
+        ids = os.listdir(run)
+    except OSError:
+        return []
+    groups = []
+    for msg_id in ids:
+        pgid = _job_group(os.path.join(run, msg_id))
+        if pgid is not None:
+            groups.append(pgid)
+    return groups
+
+
+def _job_group(msg_dir: str) -> int | None:
+    try:
+        with open(os.path.join(msg_dir, "pid"), encoding="ascii") as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        with open(os.path.join(msg_dir, "proc.json"), encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        info = None
+    if isinstance(info, dict) and "start_time" in info:
+        if not proc.alive_with_start(pid, info.get("start_time")):
+            return None
+        pgid = info.get("pgid", pid)
+        return pgid if isinstance(pgid, int) and pgid > 1 else None
+    return pid if pid > 1 else None

@@ -1,0 +1,304 @@
+"""Shared test helpers: real roots in temp directories, real daemon processes,
+and waiting on conditions with deadlines (never fixed sleeps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rq import client
+
+REPO = Path(__file__).resolve().parent.parent
+STATES = ("prep", "que", "run", "done", "relayed", "err")
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01,
+             what: str = "condition") -> Any:
+    """Poll `cond` until it returns a truthy value; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def make_root(base: Path, *, port: int = 3333, **extra: Any) -> Path:
+    root = base / "rqroot"
+    for d in ("config", "queue", "scandir", "timers", "log/events"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    cfg = {"env": "test", "host": "127.0.0.1", "port": port, "addr": "127.0.0.1", **extra}
+    (root / "config" / "config.json").write_text(json.dumps(cfg))
+    return root
+
+
+def write_script(path: Path, body: str) -> Path:
+    path.write_text(body)
+    path.chmod(0o755)
+    return path
+
+
+def make_queue(root: Path, name: str, script: str | Path | None = None, **cfg: Any) -> Path:
+    qdir = root / "queue" / name
+    for s in STATES:
+        (qdir / s).mkdir(parents=True, exist_ok=True)
+    conf = {"name": name, "exec_prefix": "", **cfg}
+    if script is not None:
+        conf["script"] = str(script)
+    (qdir / "config.json").write_text(json.dumps(conf))
+    return qdir
+
+
+class QueueProc:
+    """A real queue process started by hand (`python -m rq.queue`)."""
+
+    def __init__(self, root: Path, name: str, env: dict[str, str] | None = None) -> None:
+        self.root, self.name = root, name
+        full_env = dict(os.environ, **(env or {}))
+        full_env["PYTHONPATH"] = str(REPO)
+        self.log = open(root / "log" / f"{name}.stderr", "ab")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "rq.queue", "--root", str(root), "--name", name],
+            cwd=str(root), env=full_env, stdout=self.log, stderr=self.log,
+            start_new_session=True)
+        wait_for(self.ping, 20, what=f"queue {name} to answer ping")
+
+    def ping(self) -> bool:
+        if self.popen.poll() is not None:
+            raise AssertionError(f"queue process exited with {self.popen.returncode}")
+        try:
+            return self.call("ping") == ["pong"]
+        except Exception:
+            return False
+
+    def call(self, cmd: str, arg: Any = None, **kw: Any) -> Any:
+        return client.call_queue(str(self.root), self.name, cmd, arg, **kw)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.log.close()
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+
+    def counts(self) -> dict[str, int]:
+        return self.call("num_messages")
+
+    def state(self, full_id: str) -> str | None:
+        reply = self.call("get_message_state", {"msg_id": full_id})
+        return reply[1] if reply[0] == "ok" else None
+
+    def wait_state(self, full_id: str, state: str, timeout: float = 10) -> None:
+        wait_for(lambda: self.state(full_id) == state, timeout,
+                 what=f"{full_id} to reach {state}")
+
+    def message(self, full_id: str) -> dict[str, Any]:
+        reply = self.call("get_message", {"msg_id": full_id})
+        assert reply[0] == "ok", reply
+        return reply[1]
+
+
+def read_events(root: Path, queue: str | None = None) -> list[dict[str, Any]]:
+    from rq.events import decode_line
+    out = []
+    base = root / "log" / "events"
+    for day in sorted(base.glob("*")):
+        for f in sorted(day.glob("*.jsonl")):
+            if queue is not None and f.stem != queue:
+                continue
+            with open(f, "rb") as fh:
+                for line in fh:
+                    ev = decode_line(line)
+                    if ev is not None:
+                        out.append(ev)
+    return sorted(out, key=lambda e: e["ts"])
+
+
+def raw_exchange(sock_path: str | Path, data: bytes, *, half_close: bool = True,
+                 timeout: float = 10.0) -> bytes:
+    """Send raw bytes to an rq1 socket and return every byte the server sends
+    until it closes.  With `half_close` the write side is shut down after
+    `data`, so a server waiting for more of a frame sees EOF (a short read)."""
+    import socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(sock_path))
+        if data:
+            sock.sendall(data)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
+def decode_reply_frame(raw: bytes) -> Any:
+    """The JSON reply of one complete rq1 frame (S7.1); AssertionError otherwise."""
+    from rq import protocol
+    size = protocol.parse_header(raw[:protocol.HEADER_LEN])
+    payload = raw[protocol.HEADER_LEN:]
+    assert len(payload) == size, f"reply frame announces {size} bytes, has {len(payload)}"
+    return json.loads(payload)
+
+
+def short_id(full_id: str) -> str:
+    """The short id (S4.1) at the end of a full id (S4.2)."""
+    return full_id.rstrip("/").rsplit("/", 1)[-1]
+
+
+# ---------------------------------------------------------------- a scriptable queue script
+# Used by the queue-process tests (test_queue_*.py): one python queue script whose behaviour
+# each message chooses, so a test needs no fixed sleeps: a job that must "run for a while"
+# waits for a file the test creates.
+
+DRIVER_SOURCE = r'''"""Test queue script: performs the steps JSON-encoded in RQ_PARAM1 (see rqtest.job)."""
+import fcntl, json, os, signal, subprocess, sys, time
+
+CHILD = """
+import os, signal, sys, time
+if sys.argv[3] == "1":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+tmp = sys.argv[1] + ".tmp"
+with open(tmp, "w") as fh:
+    fh.write(str(os.getpid()))
+os.rename(tmp, sys.argv[1])
+deadline = time.monotonic() + 30
+while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
+    time.sleep(0.01)
+"""
+
+
+def publish(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.rename(tmp, path)
+
+
+def wait_file(path):
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            sys.exit(99)
+        time.sleep(0.01)
+
+
+def fd_table():
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[name] = os.readlink("/proc/self/fd/" + name)
+        except OSError:
+            pass  # the descriptor listdir itself used, already closed
+    return out
+
+
+def info():
+    try:
+        stdin_data = os.read(0, 100).decode()
+    except OSError as exc:
+        stdin_data = "error: %s" % exc
+    return {"pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
+            "ppid": os.getppid(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+            "cwd": os.getcwd(), "env": dict(os.environ), "argv": sys.argv,
+            "fds": fd_table(), "stdin": stdin_data,
+            "fd3_mode": os.O_ACCMODE & fcntl.fcntl(3, fcntl.F_GETFL),
+            "fd4_mode": os.O_ACCMODE & fcntl.fcntl(4, fcntl.F_GETFL)}
+
+
+def note(signame, path):
+    def handler(signum, frame):
+        with open(path, "a") as fh:
+            fh.write(signame + "\n")
+    signal.signal(getattr(signal, signame), handler)
+
+
+spec = json.loads(os.environ.get("RQ_PARAM1") or "[]")
+if isinstance(spec, dict):  # a program per RQ_COUNT, "*" for the others
+    spec = spec.get(os.environ.get("RQ_COUNT", ""), spec.get("*", []))
+for op, *args in spec:
+    if op == "w":
+        os.write(3, args[0].encode())
+    elif op == "wb":
+        os.write(3, bytes.fromhex(args[0]))
+    elif op == "wait":
+        wait_file(args[0])
+    elif op == "touch":
+        open(args[0], "a").close()
+    elif op == "reply":
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = os.read(4, 1)
+            if not chunk:
+                break
+            line += chunk
+        publish(args[0], line.decode())
+    elif op == "info":
+        publish(args[0], json.dumps(info()))
+    elif op == "ignore":
+        signal.signal(getattr(signal, args[0]), signal.SIG_IGN)
+    elif op == "note":
+        note(args[0], args[1])
+    elif op == "child":
+        opts = args[2] if len(args) > 2 else {}
+        subprocess.Popen([sys.executable, "-c", CHILD, args[0], args[1],
+                          "1" if opts.get("ignore_term") else "0"],
+                         pass_fds=(3, 4) if opts.get("keep_pipe") else ())
+        wait_file(args[0])
+    elif op == "sleep":
+        time.sleep(args[0])
+    elif op == "kill":
+        os.kill(os.getpid(), getattr(signal, args[0]))
+    elif op == "exit":
+        sys.exit(args[0])
+sys.exit(0)
+'''
+
+
+def write_driver(path: Path) -> Path:
+    """Write the scriptable queue script (run directly: use exec_prefix "")."""
+    return write_script(path, f"#!{sys.executable}\n" + DRIVER_SOURCE)
+
+
+def job(*ops: Any, **by_count: Any) -> str:
+    """RQ_PARAM1 for the driver: `job(["w", "done ok\\n"], ["exit", 0])`.  Keyword form
+    `job(c0=[...], other=[...])` picks a program by RQ_COUNT (`other` for the rest)."""
+    if by_count:
+        return json.dumps({("*" if k == "other" else k[1:]): v for k, v in by_count.items()})
+    return json.dumps([list(op) for op in ops])
+
+
+def process_gone(pid: int) -> bool:
+    """True when `pid` no longer runs (an unreaped zombie counts as gone: orphans are
+    reparented to a pid 1 that may never reap them)."""
+    import psutil
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_file(path: Path, timeout: float = 10.0) -> str:
+    """Wait for a file a job publishes (by rename) and return its text."""
+    wait_for(path.exists, timeout, what=f"{path} to appear")
+    return path.read_text()
