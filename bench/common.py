@@ -186,3 +186,29 @@ def dumps(obj: Any) -> str:
 def machine_line() -> str:
     return (f"python {sys.version.split()[0]}, {os.cpu_count()} cpu(s), "
             f"load avg {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def fsync_probe(count: int = 50) -> str:
+    """The median cost, right now, of PERF.md's reference operation (write +
+    fsync + rename of a small file, then fsync of its directory), so figures
+    from a busy moment can be told apart from a slow program."""
+    with temp_base() as base:
+        costs = []
+        for i in range(count):
+            t = time.perf_counter()
+            tmp, final = base / f".f{i}.tmp", base / f"f{i}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, b"x" * 200)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, final)
+            dfd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+            costs.append(time.perf_counter() - t)
+    return (f"disk now: write+fsync+rename+fsync(dir) of a small file {median(costs) * 1e3:.2f} ms "
+            f"median of {count} (PERF.md: write+fsync+rename ~0.4-0.6 ms)")

@@ -84,7 +84,7 @@ class EventLog:
             directory = os.path.join(self.base, day)
             os.makedirs(directory, exist_ok=True)
             fd = os.open(os.path.join(directory, self.queue + ".jsonl"),
-                         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                         os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             _mend_torn_tail(fd)
             self._fd, self._day = fd, day
         return self._fd

@@ -84,7 +84,8 @@ def dumps(obj: Any) -> str:
 # ---------------------------------------------------------------- names and ids
 
 _BAD_NAME_CHARS = set("/. ,;:@\"(){}\\+='^`#~?[]%|$&<>*")
-MSG_ID_RE = re.compile(r"^\d{8}\.\d{4}\.\d{2}\.\d{3}\.\d+$")
+# ASCII digits only, and no trailing newline (re's "$" would accept one): S4.1.
+MSG_ID_RE = re.compile(r"\d{8}\.\d{4}\.\d{2}\.\d{3}\.\d+", re.ASCII)
 
 
 def valid_queue_name(name: Any) -> bool:
@@ -106,7 +107,8 @@ def valid_queue_name(name: Any) -> bool:
 
 
 def valid_msg_id(msg_id: Any) -> bool:
-    return isinstance(msg_id, str) and len(msg_id) < 64 and MSG_ID_RE.match(msg_id) is not None
+    return (isinstance(msg_id, str) and len(msg_id) < 64
+            and MSG_ID_RE.fullmatch(msg_id) is not None)
 
 
 def full_id(base_url: str, queue: str, msg_id: str) -> str:

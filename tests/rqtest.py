@@ -241,6 +241,12 @@ for op, *args in spec:
         os.write(3, args[0].encode())
     elif op == "wb":
         os.write(3, bytes.fromhex(args[0]))
+    elif op == "wx":  # prefix + char * n + suffix: lines too long for an env var
+        os.write(3, (args[0] + args[1] * args[2] + args[3]).encode())
+    elif op == "out":
+        os.write(1, args[0].encode())
+    elif op == "stderr":
+        os.write(2, args[0].encode())
     elif op == "wait":
         wait_file(args[0])
     elif op == "touch":

@@ -14,14 +14,21 @@ import signal
 import subprocess
 
 import pytest
+from test_mgr_support import (
+    FakeManager,
+    events,
+    make_queue,
+    make_root,
+    pid_alive,
+    raw_request,
+    trace,
+    wait_for,
+    write_queue_config,
+)
 
 from rq import protocol
 from rq.config import load_queue_config
 from rq.mgr.children import Child, Policy, State, TransitionError
-from test_mgr_support import (
-    FakeManager, events, make_queue, make_root, pid_alive, raw_request, trace, wait_for,
-    write_queue_config,
-)
 
 # ---------------------------------------------------------------- the state machine (S2.3)
 
@@ -278,7 +285,7 @@ def test_delete_queue_moves_it_to_trash(root: str, manager_for) -> None:
     assert mgr.call("delete_queue", "doomed", raw=True) == ["ok", "started deleting queue"]
     trash = os.path.join(root, "queue", f"doomed.deleted.{inode}")
     wait_for(lambda: os.path.isdir(trash) and not os.path.exists(qdir), what="trash")
-    assert events(root, "doomed.deleted.%d" % inode, "exit") == [pid]  # stopped first
+    assert events(root, f"doomed.deleted.{inode}", "exit") == [pid]  # stopped first
     assert "doomed" not in mgr.call("queues")
     assert os.path.exists(os.path.join(root, "config", "doomed.pause"))  # flags stay
     assert mgr.call("delete_queue", "doomed", raw=True) == ["fail", "no such queue"]
@@ -351,12 +358,16 @@ def test_create_queue_link(root: str, manager_for, tmp_path) -> None:
     assert os.readlink(link) == str(confdir / "linked.json")  # the real path
     mgr.wait_state("linked", "RUNNING")
     assert mgr.call("create_queue_link", str(confdir / "linked.json"), raw=True) == \
-        ["fail", "already created"]
+        ["fail", "queue is already running"]
     assert mgr.call("create_queue_link", str(confdir / "running.json"), raw=True) == \
         ["fail", "queue is already running"]
+    os.makedirs(os.path.join(root, "queue", "idle"))  # a directory, but no queue process
+    (confdir / "idle.json").write_text(json.dumps({"name": "idle", "script": "x"}))
+    assert mgr.call("create_queue_link", str(confdir / "idle.json"), raw=True) == \
+        ["fail", "already created"]
     missing = mgr.call("create_queue_link", "confs/none.json", raw=True)
-    assert missing == ["fail", "could not read queue config [ confs/none.json ]: "
-                               "No such file or directory"]
+    assert missing == ["fail", ("could not read queue config [ confs/none.json ]: "
+                                "No such file or directory")]
     (confdir / "bad.json").write_text(json.dumps({"name": "bad"}))
     rel = os.path.relpath(confdir / "bad.json", root)
     assert mgr.call("create_queue_link", rel, raw=True) == \

@@ -110,8 +110,11 @@ def raw_request(path: str, data: bytes, timeout: float = 10.0) -> bytes:
         sock.sendall(data)
         sock.shutdown(socket.SHUT_WR)
         chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
+        try:
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except ConnectionResetError:
+            pass  # the server closed with our unread bytes still queued
         return b"".join(chunks)
     finally:
         sock.close()
@@ -131,7 +134,8 @@ class FakeManager:
 
     def __init__(self, root: str, policy: dict[str, Any] | None = None) -> None:
         self.root = root
-        self.log = open(os.path.join(root, "manager.stderr"), "wb")
+        # Closed by stop() or kill().
+        self.log = open(os.path.join(root, "manager.stderr"), "wb")  # noqa: SIM115
         self.popen = subprocess.Popen(
             [sys.executable, HERE, "manager", root, json.dumps(policy or FAST_POLICY)],
             env=env_with_repo(), stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,

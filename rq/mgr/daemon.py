@@ -85,7 +85,7 @@ def run_daemon(root: str, *, stderr_log: bool = False, ready_fd: int | None = No
 def log_to_file(level: int, text: str) -> None:
     """Log to log/queuemgr.log only: `rq-mgr run` prints the exact line itself,
     and S0.3.3 wants one line on stderr, not two."""
-    record = log.makeRecord(log.name, level, __file__, 0, text, None, None)
+    record = log.makeRecord(log.name, level, __file__, 0, text, (), None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)

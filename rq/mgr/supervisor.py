@@ -252,7 +252,7 @@ class Manager:
                 continue
             try:
                 future.set_result(func(*args))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 -- re-raised in the asking thread
                 future.set_exception(exc)
 
     # ------------------------------------------------------------ spawning and reaping

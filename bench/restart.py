@@ -1,0 +1,115 @@
+"""Benchmark (d): restart time and memory of a queue holding 100,000 messages.
+
+The messages are written straight to disk in RQ's exact format (que/ID/msg,
+compact JSON with msg_id, dest, due, count 0, max_count 15, orig_msg_id; ids
+`YYYYMMDD.HHMM.SS.mmm.N` as S4.1) without fsyncs, and the queue is PAUSEd so
+nothing starts.  Each run spawns `python -m rq.queue` and times, from the
+spawn, the first `ping` answer and the first `num_messages` that shows
+que == N ("serving again"), then reads the process's RSS (psutil) and stops
+it.  Medians of --runs restarts over the same directory (its files are in the
+page cache after the first write: a warm-cache figure).  An empty queue's
+start is timed too, as the floor (interpreter start and imports).
+
+Targets (issue d): serving again <= 3 s, RSS <= 150 MB.
+Usage:  .venv/bin/python bench/restart.py [--n 100000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import (QUEUE, BenchError, QueueProc, bench_queue, dumps,  # noqa: E402
+                    fmt_runs, machine_line, median, new_root, temp_base, wait_for)
+
+TARGET_SECONDS = 3.0
+TARGET_MB = 150.0
+BASE_URL = "http://127.0.0.1:3333/"  # make_root's host and port, ROOT "/"
+
+
+def write_messages(qdir: Path, n: int) -> None:
+    """n que/ID/msg files as RQ writes them (no fsync: this is set-up)."""
+    que = qdir / "que"
+    start = time.time() - 3600  # an hour ago: all due, ids spread over many seconds
+    for i in range(n):
+        now = start + i * 0.001
+        t = time.gmtime(now)
+        msg_id = (time.strftime("%Y%m%d.%H%M.%S", t)
+                  + f".{int(round((now % 1) * 1000)) % 1000:03d}.{1000000 + i}")
+        fields = {"msg_id": msg_id, "dest": QUEUE, "due": int(now), "count": 0,
+                  "max_count": 15, "orig_msg_id": f"{BASE_URL}q/{QUEUE}/{msg_id}"}
+        d = que / msg_id
+        os.mkdir(d)
+        with open(d / "msg", "wb") as fh:
+            fh.write(dumps(fields).encode())
+
+
+def start_once(root: Path, n: int) -> tuple[float, float, float]:
+    """(seconds to ping, seconds to num_messages que == n, RSS MB then)."""
+    q = QueueProc(root, wait=False)
+    try:
+        timeout = 120.0
+        wait_for(q.ping, timeout, "ping", interval=0.002)
+        t_ping = time.monotonic() - q.spawned
+
+        def serving() -> bool:
+            reply = q.try_call("num_messages")
+            return isinstance(reply, dict) and reply.get("que") == n
+
+        wait_for(serving, timeout, f"num_messages que == {n}", interval=0.002)
+        t_ready = time.monotonic() - q.spawned
+        rss = psutil.Process(q.pid).memory_info().rss / 1e6
+        counts = q.call("num_messages")
+        if counts["run"] or counts["done"] or counts["err"]:
+            raise BenchError(f"a PAUSEd queue ran messages: {counts}")
+    finally:
+        q.stop()
+    return t_ping, t_ready, rss
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=100_000, help="queued messages (default 100000)")
+    ap.add_argument("--runs", type=int, default=3, help="restarts; medians (default 3)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp directory")
+    args = ap.parse_args()
+    print(f"restart: {args.n} queued messages, {args.runs} restart(s), {machine_line()}")
+    with temp_base(args.keep) as base:
+        empty = new_root(base, "empty")
+        bench_queue(empty, num_workers=1, paused=True)
+        empty_runs = [start_once(empty, 0) for _ in range(args.runs)]
+
+        root = new_root(base, "full")
+        qdir = bench_queue(root, num_workers=1, paused=True)
+        t = time.monotonic()
+        write_messages(qdir, args.n)
+        print(f"  wrote {args.n} messages in {time.monotonic() - t:.1f} s")
+        runs = []
+        for i in range(args.runs):
+            runs.append(start_once(root, args.n))
+            print(f"  run {i + 1}: ping {runs[-1][0]:.2f} s, serving {runs[-1][1]:.2f} s, "
+                  f"RSS {runs[-1][2]:.0f} MB", flush=True)
+    ping = median([r[0] for r in runs])
+    ready = median([r[1] for r in runs])
+    rss = median([r[2] for r in runs])
+    print()
+    print(f"empty queue:  ping after {median([r[0] for r in empty_runs]):.2f} s, "
+          f"RSS {median([r[2] for r in empty_runs]):.0f} MB  (interpreter + imports floor)")
+    print(f"{args.n} queued:")
+    print(f"  ping answered after        {ping:6.2f} s   runs {fmt_runs([r[0] for r in runs], '{:.2f}')}")
+    print(f"  serving again (que == N)   {ready:6.2f} s   (target <= {TARGET_SECONDS:.0f} s: "
+          f"{'ok' if ready <= TARGET_SECONDS else 'MISSED'})   "
+          f"runs {fmt_runs([r[1] for r in runs], '{:.2f}')}")
+    print(f"  RSS then                   {rss:6.0f} MB  (target <= {TARGET_MB:.0f} MB: "
+          f"{'ok' if rss <= TARGET_MB else 'MISSED'})   runs {fmt_runs([r[2] for r in runs])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
