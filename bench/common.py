@@ -8,6 +8,7 @@ Every benchmark builds its roots under one temporary directory that
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -62,11 +63,21 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str,
         time.sleep(interval)
 
 
+DEFAULT_TMPDIR = "/var/tmp"
+
+
+def add_common_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--tmpdir", default=os.environ.get("RQ_BENCH_TMPDIR", DEFAULT_TMPDIR),
+                    help="parent of the temporary directory (default $RQ_BENCH_TMPDIR or "
+                         f"{DEFAULT_TMPDIR}; see README: /tmp can be much slower)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+
+
 @contextlib.contextmanager
-def temp_base(keep: bool = False) -> Iterator[Path]:
-    """A temporary directory on the same filesystem as /tmp (ext4 on the bench
-    machine: fsyncs must be real), removed afterwards."""
-    base = Path(tempfile.mkdtemp(prefix="rqbench-"))
+def temp_base(parent: str | None = None, keep: bool = False) -> Iterator[Path]:
+    """A temporary directory under `parent` (must be a real disk filesystem:
+    fsyncs must be real), removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="rqbench-", dir=parent))
     try:
         yield base
     finally:
@@ -188,12 +199,14 @@ def machine_line() -> str:
             f"load avg {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
-def fsync_probe(count: int = 50) -> str:
-    """The median cost, right now, of PERF.md's reference operation (write +
-    fsync + rename of a small file, then fsync of its directory), so figures
-    from a busy moment can be told apart from a slow program."""
-    with temp_base() as base:
-        costs = []
+def disk_probe(parent: Path, count: int = 50) -> str:
+    """The cost, right now and under `parent`, of PERF.md's reference operation
+    (write + fsync + rename of a small file, here with the fsync of its
+    directory too) and of a bare mkdir, so figures taken at a busy moment, or
+    on a filesystem whose inode allocation is slow, can be told apart from a
+    slow program."""
+    with temp_base(str(parent)) as base:
+        costs, mkdirs = [], []
         for i in range(count):
             t = time.perf_counter()
             tmp, final = base / f".f{i}.tmp", base / f"f{i}"
@@ -210,5 +223,10 @@ def fsync_probe(count: int = 50) -> str:
             finally:
                 os.close(dfd)
             costs.append(time.perf_counter() - t)
-    return (f"disk now: write+fsync+rename+fsync(dir) of a small file {median(costs) * 1e3:.2f} ms "
-            f"median of {count} (PERF.md: write+fsync+rename ~0.4-0.6 ms)")
+        for i in range(count * 4):
+            t = time.perf_counter()
+            os.mkdir(base / f"d{i}")
+            mkdirs.append(time.perf_counter() - t)
+    return (f"disk now under {parent}: write+fsync+rename+fsync(dir) {median(costs) * 1e3:.2f} ms, "
+            f"mkdir {median(mkdirs) * 1e3:.3f} ms (medians; PERF.md: write+fsync+rename "
+            "~0.4-0.6 ms)")

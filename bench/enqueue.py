@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (QUEUE, BenchError, QueueProc, bench_queue, check_ok,  # noqa: E402
-                    fmt_runs, fsync_probe, machine_line, median, new_root, temp_base)
+from common import (QUEUE, BenchError, QueueProc, add_common_args, bench_queue,  # noqa: E402
+                    check_ok, disk_probe, fmt_runs, machine_line, median, new_root, temp_base)
 
 TARGET_ONE = 1000.0
 TARGET_SCALE = 1.5
@@ -84,13 +84,13 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=2000, help="messages per run (default 2000)")
     ap.add_argument("--runs", type=int, default=3, help="runs per figure; medians (default 3)")
     ap.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
-    ap.add_argument("--keep", action="store_true", help="keep the temp directory")
+    add_common_args(ap)
     args = ap.parse_args()
     print(f"enqueue: N={args.n} per run, {args.runs} run(s) per figure, {machine_line()}")
-    print(f"  {fsync_probe()}")
+    print(f"  {disk_probe(args.tmpdir)}")
     one: list[float] = []
     many: list[float] = []
-    with temp_base(args.keep) as base:
+    with temp_base(args.tmpdir, args.keep) as base:
         for i in range(args.runs):  # interleaved, so machine noise hits both alike
             one.append(run(base, f"one-{i}", args.n, 1))
             many.append(run(base, f"many-{i}", args.n, args.clients))

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (QUEUE, BenchError, QueueProc, bench_queue, check_ok,  # noqa: E402
-                    fsync_probe, machine_line, new_root, temp_base, wait_for)
+from common import (QUEUE, BenchError, QueueProc, add_common_args, bench_queue,  # noqa: E402
+                    check_ok, disk_probe, machine_line, new_root, temp_base, wait_for)
 
 SCRIPT = '#!/bin/sh\necho go > "$RQ_PARAM1"\necho "done ok" >&3\n'
 TARGET_P50_MS = 3.0
@@ -100,11 +100,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=300, help="samples (default 300)")
     ap.add_argument("--warmup", type=int, default=10, help="unrecorded first samples (default 10)")
-    ap.add_argument("--keep", action="store_true", help="keep the temp directory")
+    add_common_args(ap)
     args = ap.parse_args()
     print(f"latency: {args.n} samples after {args.warmup} warm-up, {machine_line()}")
-    print(f"  {fsync_probe()}")
-    with temp_base(args.keep) as base:
+    print(f"  {disk_probe(args.tmpdir)}")
+    with temp_base(args.tmpdir, args.keep) as base:
         lat, rtt = measure(base, args.n, args.warmup)
     ms = sorted(x * 1e3 for x in lat)
     rt = sorted(x * 1e3 for x in rtt)

@@ -25,8 +25,9 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (QUEUE, BenchError, QueueProc, bench_queue, dumps,  # noqa: E402
-                    fmt_runs, machine_line, median, new_root, temp_base, wait_for)
+from common import (QUEUE, BenchError, QueueProc, add_common_args, bench_queue,  # noqa: E402
+                    disk_probe, dumps, fmt_runs, machine_line, median, new_root, temp_base,
+                    wait_for)
 
 TARGET_SECONDS = 3.0
 TARGET_MB = 150.0
@@ -77,10 +78,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100_000, help="queued messages (default 100000)")
     ap.add_argument("--runs", type=int, default=3, help="restarts; medians (default 3)")
-    ap.add_argument("--keep", action="store_true", help="keep the temp directory")
+    add_common_args(ap)
     args = ap.parse_args()
     print(f"restart: {args.n} queued messages, {args.runs} restart(s), {machine_line()}")
-    with temp_base(args.keep) as base:
+    print(f"  {disk_probe(args.tmpdir)}")
+    with temp_base(args.tmpdir, args.keep) as base:
         empty = new_root(base, "empty")
         bench_queue(empty, num_workers=1, paused=True)
         empty_runs = [start_once(empty, 0) for _ in range(args.runs)]

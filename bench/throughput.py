@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (PEERS, QUEUE, TRIVIAL_SCRIPT, BenchError, QueueProc,  # noqa: E402
-                    bench_queue, check_ok, dumps, fsync_probe, machine_line, median, new_root,
-                    temp_base, wait_for, write_script)
+                    add_common_args, bench_queue, check_ok, disk_probe, dumps, machine_line,
+                    median, new_root, temp_base, wait_for, write_script)
 
 TARGET_RATIO = 0.60
 POLL = 0.005
@@ -265,15 +265,15 @@ def main() -> int:
     ap.add_argument("--workers", default="1,2", help="worker counts (default 1,2)")
     ap.add_argument("--no-drain", action="store_true",
                     help="skip the secondary execution-only (drain) figures")
-    ap.add_argument("--keep", action="store_true", help="keep the temp directory")
+    add_common_args(ap)
     args = ap.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
     print(f"throughput: N={args.n}, {args.runs} run(s) per figure, {machine_line()}")
-    print(f"  {fsync_probe()}")
+    print(f"  {disk_probe(args.tmpdir)}")
     # figure -> W -> [(jobs/s, second value) per run]
     res: dict[str, dict[int, list[tuple[float, float]]]] = {
         k: {w: [] for w in workers} for k in ("rq", "bl", "rq_drain", "bl_drain")}
-    with temp_base(args.keep) as base:
+    with temp_base(args.tmpdir, args.keep) as base:
         for run in range(args.runs):
             for w in workers:  # interleaved, so machine noise hits both sides alike
                 res["rq"][w].append(run_rq(base, f"rq-w{w}-{run}", args.n, w))

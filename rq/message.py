@@ -86,6 +86,10 @@ def _due(v: object, now: float) -> int | float:
         if not math.isfinite(v):
             raise Fail("invalid due value")
         return int(v) if v.is_integer() else v
+    try:
+        float(v)  # the scheduler orders dues as floats; a bigger integer is no time
+    except OverflowError:
+        raise Fail("invalid due value") from None
     return v
 
 

@@ -308,3 +308,11 @@ def wait_file(path: Path, timeout: float = 10.0) -> str:
     """Wait for a file a job publishes (by rename) and return its text."""
     wait_for(path.exists, timeout, what=f"{path} to appear")
     return path.read_text()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

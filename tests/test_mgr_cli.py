@@ -18,10 +18,10 @@ from test_mgr_support import (
     wait_for,
 )
 
-from rq.client import call_mgr
+from rq.client import call_mgr, call_queue
 from rq.config import load_main_config
 from rq.errors import ConfigError, ConnectError
-from rq.mgr import cli, pidfile
+from rq.mgr import cli, pidfile, queuedirs
 
 USAGE = "usage: rq-mgr [--root PATH] start|stop|restart|reload|run|status\n"
 ALREADY = "ERROR: there is already one or more instance(s) of the program running\n"
@@ -272,6 +272,36 @@ def test_start_runs_real_queue_processes(root: str) -> None:
     assert not os.path.exists(os.path.join(root, "queue", "real", "queue.pid"))
 
 
+JOB = """#!/bin/sh
+trap 'sleep 0.5; echo graceful > {mark}; exit 0' TERM
+echo running > {mark}.started
+while :; do sleep 0.05; done
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rq.queue") is None, reason="rq.queue not yet")
+def test_stop_gives_running_jobs_their_grace(root: str, tmp_path) -> None:
+    """S2.5: the manager's stop reaches a job as one SIGTERM and the job gets
+    its kill_grace; the stop must not escalate by itself."""
+    mark = str(tmp_path / "mark")
+    script = tmp_path / "job.sh"
+    script.write_text(JOB.format(mark=mark))
+    script.chmod(0o755)
+    make_queue(root, "work", script=str(script), exec_prefix="", kill_grace=10)
+    assert rq_mgr("--root", root, "start").returncode == 0
+    try:
+        wait_for(lambda: call_mgr(root, "status")[1]["queues"]["work"]["state"] == "RUNNING",
+                 what="queue RUNNING")
+        reply = call_queue(root, "work", "create_message", {"dest": "work"})
+        assert reply[0] == "ok", reply
+        wait_for(lambda: os.path.exists(mark + ".started"), what="job running")
+    finally:
+        res = rq_mgr("--root", root, "stop")
+    assert res.returncode == 0
+    with open(mark) as f:
+        assert f.read() == "graceful\n"
+
+
 # ---------------------------------------------------------------- forceful stop (S21)
 
 STUBBORN = """
@@ -298,7 +328,7 @@ def test_stop_kills_a_manager_that_will_not_stop(root: str, monkeypatch, capsys)
         with open(os.path.join(qdir, "run", "20240101.0000.00.000.1", "pid"), "w") as f:
             f.write(f"{job.pid}\n")
         monkeypatch.setattr(cli, "STOP_BASE", 0.3)
-        monkeypatch.setattr(cli, "max_kill_grace", lambda root: 0.0)
+        monkeypatch.setattr(queuedirs, "max_kill_grace", lambda root: 0.0)
         assert cli.main(["--root", root, "stop"]) == 0
         out = capsys.readouterr().out
         assert out == (f"queuemgr: trying to stop process with pid {fake.pid}...\n"
@@ -323,4 +353,4 @@ def test_max_kill_grace(root: str) -> None:
     make_queue(root, "c")
     with open(os.path.join(root, "queue", "c", "config.json"), "w") as f:
         f.write("broken")
-    assert cli.max_kill_grace(root) == 30
+    assert queuedirs.max_kill_grace(root) == 30

@@ -30,7 +30,7 @@ class State(enum.Enum):
     STARTING = "STARTING"  # spawned, has not written `ready` yet
     RUNNING = "RUNNING"
     BACKOFF = "BACKOFF"    # exited unexpectedly, waiting for its restart time
-    STOPPING = "STOPPING"  # asked to stop (SIGTERM + lifeline closed), not yet exited
+    STOPPING = "STOPPING"  # sent SIGTERM, not yet exited
     FATAL = "FATAL"        # given up on until restart_queue, a reload or a manager restart
 
 

@@ -24,13 +24,12 @@ import time
 import psutil
 
 from rq.client import mgr_socket
-from rq.config import find_root, load_main_config, load_queue_config
+from rq.config import find_root, load_main_config
 from rq.errors import ConfigError, RQError
-from rq.mgr import pidfile
+from rq.mgr import pidfile, queuedirs
 from rq.mgr.daemon import run_daemon
-from rq.mgr.supervisor import ALREADY_RUNNING, job_groups
+from rq.mgr.supervisor import ALREADY_RUNNING
 from rq.proc import kill_process, signal_group
-from rq.protocol import valid_queue_name
 
 USAGE = "usage: rq-mgr [--root PATH] start|stop|restart|reload|run|status"
 COMMANDS = ("start", "stop", "restart", "reload", "run", "status")
@@ -212,7 +211,7 @@ def stop_manager(root: str, pid: int) -> None:
     SIGKILL everything the manager ran and remove its files."""
     print(f"queuemgr: trying to stop process with pid {pid}...", flush=True)
     kill_process(pid, signal.SIGTERM)
-    if wait_gone(pid, STOP_BASE + max_kill_grace(root)):
+    if wait_gone(pid, STOP_BASE + queuedirs.max_kill_grace(root)):
         return
     print(f"queuemgr: process with pid {pid} won't stop, we forcefully kill it...", flush=True)
     force_kill(root, pid)
@@ -227,24 +226,6 @@ def wait_gone(pid: int, timeout: float) -> bool:
     return True
 
 
-def queue_names(root: str) -> list[str]:
-    try:
-        names = os.listdir(os.path.join(root, "queue"))
-    except OSError:
-        return []
-    return sorted(n for n in names if valid_queue_name(n))
-
-
-def max_kill_grace(root: str) -> float:
-    graces = [0.0]
-    for name in queue_names(root):
-        try:
-            graces.append(float(load_queue_config(root, name)[0].kill_grace))
-        except ConfigError:
-            continue
-    return max(graces)
-
-
 def force_kill(root: str, pid: int) -> None:
     """SIGKILL the manager, its daemons and every recorded job process group."""
     try:
@@ -252,12 +233,12 @@ def force_kill(root: str, pid: int) -> None:
     except psutil.Error:
         daemons = []
     kill_process(pid, signal.SIGKILL)
-    qdirs = [os.path.join(root, "queue", name) for name in queue_names(root)]
-    daemons += [p for p in map(queue_process, qdirs) if p is not None]
+    qdirs = [os.path.join(root, "queue", name) for name in queuedirs.names(root)]
+    daemons += [p for p in map(queuedirs.queue_process, qdirs) if p is not None]
     for child in set(daemons):  # first, so no queue starts another job
         kill_process(child, signal.SIGKILL)
     for qdir in qdirs:
-        for pgid in job_groups(qdir):
+        for pgid in queuedirs.job_groups(qdir):
             signal_group(pgid, signal.SIGKILL)
     wait_gone(pid, 5.0)
     pidfile.remove_pid(root)
@@ -265,14 +246,3 @@ def force_kill(root: str, pid: int) -> None:
         os.unlink(mgr_socket(root))
     except FileNotFoundError:
         pass
-
-
-def queue_process(qdir: str) -> int | None:
-    """The pid in queue.pid if it is still a queue process (never a reused pid)."""
-    try:
-        with open(os.path.join(qdir, "queue.pid"), encoding="ascii") as f:
-            pid = int(f.read().strip())
-        cmdline = " ".join(psutil.Process(pid).cmdline())
-    except (OSError, ValueError, psutil.Error):
-        return None
-    return pid if "[rq-que]" in cmdline or "rq.queue" in cmdline else None

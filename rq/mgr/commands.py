@@ -27,13 +27,13 @@ from rq import protocol
 from rq.client import call_queue
 from rq.config import QueueConfig, validate_queue_config
 from rq.errors import ConfigError, ConnectError
+from rq.mgr import queuedirs
 
 if TYPE_CHECKING:
     from rq.mgr.supervisor import Manager
 
 log = logging.getLogger(__name__)
 
-STATE_DIRS = ("prep", "que", "run", "done", "relayed", "err")  # S3.2
 NUDGE_TIMEOUT = 0.5
 # S3.5: command -> (verb in the failure text, flag file suffix, create the flag?)
 FLAG_COMMANDS = {
@@ -171,7 +171,7 @@ class Commands:
         try:
             os.makedirs(self.queue_root, exist_ok=True)
             self.fs.mkdir(tmp)
-            for state in STATE_DIRS:
+            for state in queuedirs.STATE_DIRS:
                 self.fs.mkdir(os.path.join(tmp, state))
             write_config(tmp)
             self.fs.fsync_dir(tmp)

@@ -16,7 +16,6 @@ around the table.  It must not import rq.queue: a queue is a program it runs.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import queue
@@ -33,9 +32,9 @@ from rq.config import MainConfig, load_queue_config
 from rq.errors import ConfigError, Fail, RQError
 from rq.fsops import FsOps
 from rq.loop import Loop
-from rq.mgr import pidfile
+from rq.mgr import pidfile, queuedirs
 from rq.mgr.children import Child, Policy, State
-from rq.protocol import describe_exit, valid_queue_name
+from rq.protocol import describe_exit
 from rq.sockserve import Rq1Server
 
 log = logging.getLogger(__name__)
@@ -53,7 +52,6 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.
 MAX_WAIT = 5.0           # the loop looks around at least this often
 READY_CAP = 20.0         # announce readiness even if a queue is still STARTING
 REQUEST_TIMEOUT = 30.0   # how long a socket thread waits for the loop
-DEFAULT_KILL_GRACE = 10.0
 ALREADY_RUNNING = "ERROR: there is already one or more instance(s) of the program running"
 
 ArgvBuilder = Callable[[str, str], list[str]]
@@ -133,19 +131,10 @@ class Manager:
         pidfile.write_pid(self.root, os.getpid(), self.fs)
 
     def scan_queues(self) -> list[str]:
-        """Queue directories with a valid name and a readable config.json (S2.2 step 5)."""
-        try:
-            names = os.listdir(self.queue_root)
-        except OSError:
-            return []
-        return sorted(n for n in names if valid_queue_name(n) and self.has_config(n))
+        return queuedirs.scan(self.root)
 
     def has_config(self, name: str) -> bool:
-        try:
-            with open(os.path.join(self.queue_root, name, "config.json"), "rb"):
-                return True
-        except OSError:
-            return False
+        return queuedirs.has_config(self.root, name)
 
     # ------------------------------------------------------------ the loop
 
@@ -313,7 +302,8 @@ class Manager:
         daemon.ready_r = -1
 
     def close_lifeline(self, child: Child) -> None:
-        """EOF on the lifeline tells the child to stop gracefully (S2.1)."""
+        """Our end of a reaped child's lifeline (EOF tells a live child that
+        the manager is gone, S2.1; the kernel does that if we die)."""
         daemon = child.daemon
         if daemon is not None and daemon.lifeline_w >= 0:
             os.close(daemon.lifeline_w)
@@ -348,8 +338,13 @@ class Manager:
     # ------------------------------------------------------------ stopping (S2.5, S3.7)
 
     def stop_child(self, child: Child, now: float, after: str) -> None:
-        """Graceful stop: SIGTERM and lifeline EOF; `after` says what follows
-        its exit ("forget", "restart" or "delete")."""
+        """Graceful stop by SIGTERM; `after` says what follows its exit
+        ("forget", "restart" or "delete").
+
+        The lifeline stays open until the child is reaped: a queue process
+        counts lifeline EOF as a stop request of its own, and a second stop
+        request skips the jobs' grace period (S2.5), so closing it here
+        would turn every graceful stop into a forceful one."""
         if child.state is State.STOPPING:
             child.merge_after_stop(after)
             return
@@ -360,16 +355,10 @@ class Manager:
             return
         child.stop_requested(now, now + self.stop_grace(child), after)
         self.signal_child(child, signal.SIGTERM)
-        self.close_lifeline(child)
 
     def stop_grace(self, child: Child) -> float:
         """S2.5: a queue gets its kill_grace + 10 s before SIGKILL."""
-        grace = 0.0
-        if child.kind == "queue":
-            try:
-                grace = float(load_queue_config(self.root, child.name)[0].kill_grace)
-            except ConfigError:
-                grace = DEFAULT_KILL_GRACE
+        grace = queuedirs.kill_grace(self.root, child.name) if child.kind == "queue" else 0.0
         return grace + self.policy.stop_margin
 
     def enforce_stop_deadlines(self, now: float) -> None:
@@ -384,7 +373,7 @@ class Manager:
         log.warning("%s: did not stop in time, sending SIGKILL", child.label)
         self.signal_child(child, signal.SIGKILL)
         if child.kind == "queue":
-            for pgid in job_groups(os.path.join(self.queue_root, child.name)):
+            for pgid in queuedirs.job_groups(os.path.join(self.queue_root, child.name)):
                 proc.signal_group(pgid, signal.SIGKILL)
 
     def finish_stop(self, child: Child, now: float) -> None:
@@ -400,12 +389,8 @@ class Manager:
         log.info("%s: forgotten", child.label)
 
     def trash_queue(self, name: str) -> None:
-        """S3.7: rename queue/NAME to queue/NAME.deleted.<inode>."""
-        qdir = os.path.join(self.queue_root, name)
         try:
-            trash = f"{qdir}.deleted.{os.stat(qdir).st_ino}"
-            self.fs.rename_noreplace(qdir, trash)
-            self.fs.fsync_dir(self.queue_root)
+            trash = queuedirs.trash(self.root, name, self.fs)
         except OSError as exc:
             log.error("queue %s: cannot move to trash: %s", name, exc)
             return
@@ -515,38 +500,3 @@ class Manager:
         log.info("rq-mgr ready")
         if self.on_ready is not None:
             self.on_ready()
-
-
-def job_groups(qdir: str) -> list[int]:
-    """Process groups of the jobs recorded in `qdir/run/*/pid` that are still
-    those jobs: a proc.json start time, when present, must match (S2.7)."""
-    run = os.path.join(qdir, "run")
-    try:
-        ids = os.listdir(run)
-    except OSError:
-        return []
-    groups = []
-    for msg_id in ids:
-        pgid = _job_group(os.path.join(run, msg_id))
-        if pgid is not None:
-            groups.append(pgid)
-    return groups
-
-
-def _job_group(msg_dir: str) -> int | None:
-    try:
-        with open(os.path.join(msg_dir, "pid"), encoding="ascii") as f:
-            pid = int(f.read().strip())
-    except (OSError, ValueError):
-        return None
-    try:
-        with open(os.path.join(msg_dir, "proc.json"), encoding="utf-8") as f:
-            info = json.load(f)
-    except (OSError, ValueError):
-        info = None
-    if isinstance(info, dict) and "start_time" in info:
-        if not proc.alive_with_start(pid, info.get("start_time")):
-            return None
-        pgid = info.get("pgid", pid)
-        return pgid if isinstance(pgid, int) and pgid > 1 else None
-    return pid if pid > 1 else None

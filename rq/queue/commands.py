@@ -272,6 +272,7 @@ class Commands:
             state, path = self.find(msg_id)
             if state == "run":
                 return ["fail", "cannot delete message in run state"]
+            text, count = q.store.read_status_text(path), _stored_count(q.store, path)
             try:
                 q.store.remove(path)
             except FileNotFoundError:
@@ -288,7 +289,7 @@ class Commands:
                 q.index.prep.discard(msg_id)
             else:
                 q.index.counts[state] = max(0, q.index.counts[state] - 1)
-            q.events.log(msg_id, state, "deleted")
+            q.events.log(msg_id, state, "deleted", status=text, count=count)
         return ["ok", "msg deleted"]
 
     def cmd_destroy_message(self, data: Any) -> Any:
@@ -363,6 +364,15 @@ class Commands:
         if found is None:
             raise Fail("msg not found")
         return found
+
+
+def _stored_count(store: Any, path: str) -> int | None:
+    """The message's `count` for its deletion event (S13.3), None if unreadable."""
+    try:
+        count = store.read_msg(path).get("count")
+    except (OSError, ValueError):
+        return None
+    return count if isinstance(count, int) else None
 
 
 def _take(iterator: Any, limit: int) -> list[str]:

@@ -64,9 +64,20 @@ class QueueProcess:
         self.base_env = J.base_env(main)
         self.lifeline_fd = lifeline_fd
         self.ready_fd = ready_fd
+        for fd in (lifeline_fd, ready_fd):  # passed to us inheritable; jobs get none (S6.3)
+            if fd is not None:
+                os.set_inheritable(fd, False)
         self.lock_fd = -1
         from rq.queue.commands import Commands
-        self.server = Rq1Server(client.queue_socket(main.root, cfg.name), Commands(self).handle)
+        self.commands = Commands(self)
+        self.server = Rq1Server(client.queue_socket(main.root, cfg.name), self.handle_request)
+
+    def handle_request(self, cmd: str, arg: str | None, conn: Any) -> Any:
+        """Answer one socket request, then ask the loop for a scheduler pass (S2.6)."""
+        try:
+            return self.commands.handle(cmd, arg, conn)
+        finally:
+            self.loop.wake()
 
     # ================================================================ lifecycle
     def run(self) -> int:
