@@ -79,6 +79,21 @@ def run(base: Path, label: str, n: int, clients: int) -> float:
     return n / (end - t0)
 
 
+def bare_create(base: Path, label: str, n: int) -> float:
+    """Messages/s of throughput.py's bare producer: RQ's durable create
+    sequence (mkdir, msg temp file + fsync + rename, fsync ID/, rename to que/,
+    fsync que/) in a plain loop, no socket and no daemon: the floor on this disk."""
+    from throughput import Baseline
+    root = new_root(base, label)
+    qdir = bench_queue(root, num_workers=1)
+    b = Baseline(qdir, str(root / "bench.sh"), n, 1)
+    t0 = time.monotonic()
+    b.produce()
+    if b.errors:
+        raise BenchError(f"bare create failed: {b.errors[0]!r}")
+    return n / (time.monotonic() - t0)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="messages per run (default 2000)")
@@ -90,12 +105,15 @@ def main() -> int:
     print(f"  {disk_probe(args.tmpdir)}")
     one: list[float] = []
     many: list[float] = []
+    bare: list[float] = []
     with temp_base(args.tmpdir, args.keep) as base:
         for i in range(args.runs):  # interleaved, so machine noise hits both alike
             one.append(run(base, f"one-{i}", args.n, 1))
             many.append(run(base, f"many-{i}", args.n, args.clients))
+            bare.append(bare_create(base, f"bare-{i}", args.n))
             print(f"  run {i + 1}: 1 client {one[-1]:.0f} msg/s, "
-                  f"{args.clients} clients {many[-1]:.0f} msg/s", flush=True)
+                  f"{args.clients} clients {many[-1]:.0f} msg/s, "
+                  f"bare create loop {bare[-1]:.0f} msg/s", flush=True)
     m1, m8 = median(one), median(many)
     print()
     print(f"1 client:          {m1:7.0f} msg/s   (target >= {TARGET_ONE:.0f}: "
@@ -104,6 +122,9 @@ def main() -> int:
     print(f"{args.clients} clients / 1 client: {m8 / m1:5.2f}x       (target >= {TARGET_SCALE}x: "
           f"{'ok' if m8 / m1 >= TARGET_SCALE else 'MISSED'})")
     print(f"per-request latency, 1 client: {1e3 / m1:.2f} ms")
+    mb = median(bare)
+    print(f"context: bare durable create loop, same syscalls, no daemon: {mb:.0f} msg/s "
+          f"({1e3 / mb:.2f} ms each; RQ 1 client = {m1 / mb:.0%} of it)   runs {fmt_runs(bare)}")
     return 0
 
 

@@ -114,6 +114,28 @@ def spawn_job(cmd: list[str], *, cwd: str, env: dict[str, str], stdio_log: str,
     return pid
 
 
+def spawn_detached(argv: list[str], *, cwd: str, env: dict[str, str], ready_w: int,
+                   ready_fd: int = 3) -> int:
+    """Start a fully detached daemon (`rq-mgr start`): own session, stdio on
+    /dev/null, cwd `cwd`, the pipe end `ready_w` as its fd `ready_fd`.
+
+    posix_spawn cannot change directory, so a /bin/sh trampoline does the
+    `cd` and execs the daemon; its pid stays the daemon's pid.
+    """
+    high = _high_fd(os.dup(ready_w))  # >= 10, so the dup2 onto ready_fd clears CLOEXEC
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+        (os.POSIX_SPAWN_DUP2, high, ready_fd),
+    ]
+    trampoline = [_SH, "-c", 'cd "$1" || exit 1; shift; exec "$@"', "rq-detached", cwd, *argv]
+    try:
+        return os.posix_spawn(_SH, trampoline, env, file_actions=actions, setsid=True)
+    finally:
+        os.close(high)
+
+
 def signal_group(pgid: int, sig: int) -> bool:
     """Send `sig` to process group `pgid`; False when no member remains."""
     try:

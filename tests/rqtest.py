@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -233,7 +234,19 @@ def note(signame, path):
     signal.signal(getattr(signal, signame), handler)
 
 
-spec = json.loads(os.environ.get("RQ_PARAM1") or "[]")
+def program():
+    # RQ_PARAM1, or RQ_PARAM4 when a test needs param1 for blocking or coalescing
+    for var in ("RQ_PARAM1", "RQ_PARAM4"):
+        try:
+            spec = json.loads(os.environ.get(var) or "")
+        except ValueError:
+            continue
+        if isinstance(spec, (list, dict)):
+            return spec
+    return []
+
+
+spec = program()
 if isinstance(spec, dict):  # a program per RQ_COUNT, "*" for the others
     spec = spec.get(os.environ.get("RQ_COUNT", ""), spec.get("*", []))
 for op, *args in spec:
@@ -251,6 +264,9 @@ for op, *args in spec:
         wait_file(args[0])
     elif op == "touch":
         open(args[0], "a").close()
+    elif op == "log":  # append "<RQ_MSG_ID>\n": the order jobs started in
+        with open(args[0], "a") as fh:
+            fh.write(os.environ["RQ_MSG_ID"] + "\n")
     elif op == "reply":
         line = b""
         while not line.endswith(b"\n"):
@@ -287,7 +303,7 @@ def write_driver(path: Path) -> Path:
 
 
 def job(*ops: Any, **by_count: Any) -> str:
-    """RQ_PARAM1 for the driver: `job(["w", "done ok\\n"], ["exit", 0])`.  Keyword form
+    """RQ_PARAM1 (or RQ_PARAM4) for the driver: `job(["w", "done ok\\n"], ["exit", 0])`.  Keyword form
     `job(c0=[...], other=[...])` picks a program by RQ_COUNT (`other` for the rest)."""
     if by_count:
         return json.dumps({("*" if k == "other" else k[1:]): v for k, v in by_count.items()})
@@ -316,3 +332,47 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- message helpers (queue-process tests)
+
+RQ_START_RE = re.compile(
+    r"\n(\d+) - (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4}) - RQ START - (.*)\n")
+
+
+def create_msg(q: QueueProc, **fields: Any) -> str:
+    """create_message on `q` (dest defaults to the queue's name); returns the full id."""
+    fields.setdefault("dest", q.name)
+    reply = q.call("create_message", fields)
+    assert reply[0] == "ok", reply
+    return reply[1]
+
+
+def wait_final(q: QueueProc, full: str, timeout: float = 10) -> str:
+    """Wait until the message is done, err or relayed; return that state."""
+    def final() -> str | None:
+        state = q.state(full)
+        return state if state in ("done", "err", "relayed") else None
+    return wait_for(final, timeout, what=f"{full} to finish")
+
+
+def job_log(root: Path, msg: dict[str, Any]) -> str:
+    """The job/stdio.log of a message as read (S4.5 `path`)."""
+    return (root / msg["path"] / "job" / "stdio.log").read_text()
+
+
+def start_header_pids(root: Path, msg: dict[str, Any]) -> list[int]:
+    """The pids of the RQ START headers (S6.3) in the message's stdio.log, in order."""
+    return [int(m.group(1)) for m in RQ_START_RE.finditer(job_log(root, msg))]
+
+
+def msg_events(root: Path, queue: str, full: str, last_to: str | None = None,
+               timeout: float = 5) -> list[dict[str, Any]]:
+    """The S13 events of one message; with `last_to`, first wait until the last one goes
+    there (an event is appended just after its transition is on disk)."""
+    def get() -> list[dict[str, Any]]:
+        return [e for e in read_events(root, queue) if e["msg_id"] == short_id(full)]
+    if last_to is not None:
+        wait_for(lambda: (get() or [{}])[-1].get("to") == last_to, timeout,
+                 what=f"an event of {full} to {last_to}")
+    return get()

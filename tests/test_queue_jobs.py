@@ -22,16 +22,14 @@ import pytest
 
 import rq
 from rqtest import (
-    REPO, QueueProc, make_queue, make_root, process_gone, read_events, short_id, wait_file,
-    wait_for, write_driver, write_script,
+    REPO, RQ_START_RE, QueueProc, create_msg, job_log, make_queue, make_root, msg_events,
+    process_gone, short_id, start_header_pids, wait_file, wait_final, wait_for, write_driver,
+    write_script,
 )
 from rqtest import job as ops
 
 pytestmark = pytest.mark.timeout(60)
 
-FINAL = ("done", "err", "relayed")
-HEADER_RE = re.compile(
-    r"\n(\d+) - (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4}) - RQ START - (.*)\n")
 Launch = Callable[..., QueueProc]
 
 
@@ -54,40 +52,6 @@ def driver(tmp_path: Path) -> Path:
     return write_driver(tmp_path / "driver.py")
 
 
-def wait_final(q: QueueProc, full: str, timeout: float = 10) -> str:
-    def final() -> str | None:
-        state = q.state(full)
-        return state if state in FINAL else None
-    return wait_for(final, timeout, what=f"{full} to finish")
-
-
-def stdio_log(root: Path, msg: dict[str, Any]) -> str:
-    return (root / msg["path"] / "job" / "stdio.log").read_text()
-
-
-def header_pids(root: Path, msg: dict[str, Any]) -> list[int]:
-    return [int(m.group(1)) for m in HEADER_RE.finditer(stdio_log(root, msg))]
-
-
-def msg_events(root: Path, queue: str, full: str, last_to: str | None = None
-               ) -> list[dict[str, Any]]:
-    """The S13 events of one message; with `last_to`, wait until the last one goes there
-    (an event is appended just after its transition is on disk)."""
-    def get() -> list[dict[str, Any]]:
-        return [e for e in read_events(root, queue) if e["msg_id"] == short_id(full)]
-    if last_to is not None:
-        wait_for(lambda: (get() or [{}])[-1].get("to") == last_to, 5,
-                 what=f"event to {last_to}")
-    return get()
-
-
-def create(q: QueueProc, **fields: Any) -> str:
-    fields.setdefault("dest", q.name)
-    reply = q.call("create_message", fields)
-    assert reply[0] == "ok", reply
-    return reply[1]
-
-
 # ================================================================ S6.1 script check
 
 @pytest.mark.parametrize("problem", ["missing", "directory", "not_executable"])
@@ -105,7 +69,7 @@ def test_s6_1_unusable_script_moves_message_to_err_and_sets_scripterror(
               "directory": f"script is not a regular file: {real}",
               "not_executable": f"script not executable: {real}"}[problem]
 
-    first = create(q, param1=ops(["w", "done ran\n"]))
+    first = create_msg(q, param1=ops(["w", "done ran\n"]))
     assert q.state(first) == "err"          # synchronous: it never ran
     msg = q.message(first)
     assert msg["status"] == f"err - SCRIPT ERROR - MOVING TO ERR - {reason}"
@@ -113,7 +77,7 @@ def test_s6_1_unusable_script_moves_message_to_err_and_sets_scripterror(
     assert q.call("status") == ["SCRIPTERROR"]
 
     # The queue keeps serving: new messages are accepted and wait in que.
-    second = create(q, param1=ops(["w", "done ran\n"]))
+    second = create_msg(q, param1=ops(["w", "done ran\n"]))
     assert q.call("ping") == ["pong"]
     assert q.state(second) == "que"
     assert q.call("status") == ["SCRIPTERROR"]
@@ -152,15 +116,15 @@ def test_s6_1_relative_script_is_resolved_against_the_root_at_every_start(
     link.symlink_to(one)
     make_queue(root, "q", "scripts/current")
     q = launch("q")
-    a = create(q, param1=ops(["w", "done from one\n"]))
+    a = create_msg(q, param1=ops(["w", "done from one\n"]))
     q.wait_state(a, "done")
     assert q.message(a)["status"] == "done - from one"
     link.unlink()
     link.symlink_to(two)            # re-resolved at the next job start (S3.3)
-    b = create(q)
+    b = create_msg(q)
     q.wait_state(b, "done")
     assert q.message(b)["status"] == "done - from two"
-    assert stdio_log(root, q.message(b)).endswith(f" - RQ START - {os.path.realpath(two)}\n")
+    assert job_log(root, q.message(b)).endswith(f" - RQ START - {os.path.realpath(two)}\n")
 
 
 # ================================================================ S6.1.3 exec_prefix
@@ -186,7 +150,7 @@ def test_s6_1_3_exec_prefix_builds_the_command(
     rec = write_script(tmp_path / "recorder.sh", RECORDER)
     make_queue(root, "q", driver, exec_prefix=prefix.format(rec=rec))
     q = launch("q")
-    full = create(q)
+    full = create_msg(q)
     q.wait_state(full, "done")
     msg = q.message(full)
     assert msg["status"] == "done - recorded"
@@ -213,7 +177,7 @@ def test_s6_1_3_default_prefix_is_bash_lc(root: Path, tmp_path: Path, launch: La
     q = launch("q")
     assert q.call("config")[1]["exec_prefix"] == (
         "bash -lc" if exec_prefix is None else exec_prefix)
-    full = create(q)
+    full = create_msg(q)
     q.wait_state(full, "done")
     assert q.message(full)["status"] == ("done - bash=yes" if via_bash else "done - bash=")
 
@@ -226,13 +190,13 @@ def test_s6_1_5_exec_failure_is_logged_and_exits_127(root: Path, tmp_path: Path,
     script = write_script(tmp_path / "s.sh", "#!/bin/sh\necho 'done x' >&3\n")
     make_queue(root, "q", script, exec_prefix=str(tmp_path / "no-such-interpreter"))
     q = launch("q")
-    full = create(q)
+    full = create_msg(q)
     q.wait_state(full, "err")
     msg = q.message(full)
-    pid = header_pids(root, msg)[0]
+    pid = start_header_pids(root, msg)[0]
     assert msg["status"] == ("err - PROCESS EXITED IMPROPERLY - MOVING TO ERR - Completion was"
                              f"  but exit status was pid {pid} exit 127")
-    assert "RQ EXEC FAILED - " in stdio_log(root, msg)
+    assert "RQ EXEC FAILED - " in job_log(root, msg)
 
 
 # ================================================================ S6.2 environment
@@ -250,11 +214,11 @@ def test_s6_2_exact_environment(tmp_path: Path) -> None:
     try:
         info1, info2 = tmp_path / "info1.json", tmp_path / "info2.json"
         p1 = ops(["info", str(info1)], ["w", "done ok\n"])
-        m1 = create(q, dest="/q/other", src="cron", param1=p1, param2="p 2", param4="4",
+        m1 = create_msg(q, dest="/q/other", src="cron", param1=p1, param2="p 2", param4="4",
                     count=2, max_count=5, force_remote=True)
         remote = "https://remote.example:8443/x/q/far/20100625.0127.35.122.7509656"
         p2 = ops(["info", str(info2)], ["w", "done ok\n"])
-        m2 = create(q, dest=remote, param1=p2, orig_msg_id="http://a:1/q/b/20100625.0127.35.122.1")
+        m2 = create_msg(q, dest=remote, param1=p2, orig_msg_id="http://a:1/q/b/20100625.0127.35.122.1")
         env1 = json.loads(wait_file(info1))["env"]
         env2 = json.loads(wait_file(info2))["env"]
         q.wait_state(m1, "done")
@@ -297,7 +261,7 @@ def test_s6_2_tmpdir_comes_from_the_main_config(tmp_path: Path) -> None:
     q = QueueProc(root, "q", {"TMPDIR": "/somewhere/else"})
     try:
         info = tmp_path / "info.json"
-        full = create(q, param1=ops(["info", str(info)], ["w", "done ok\n"]))
+        full = create_msg(q, param1=ops(["info", str(info)], ["w", "done ok\n"]))
         env = json.loads(wait_file(info))["env"]
         q.wait_state(full, "done")
     finally:
@@ -338,7 +302,7 @@ def test_s6_3_process_setup(root: Path, tmp_path: Path, driver: Path, started_by
     info_path, release = tmp_path / "info.json", tmp_path / "release"
     try:
         before = time.time()
-        full = create(q, param1=ops(["out", "to stdout\n"], ["stderr", "to stderr\n"],
+        full = create_msg(q, param1=ops(["out", "to stdout\n"], ["stderr", "to stderr\n"],
                                     ["info", str(info_path)], ["wait", str(release)],
                                     ["w", "done ok\n"]))
         info = json.loads(wait_file(info_path))
@@ -370,7 +334,7 @@ def test_s6_3_process_setup(root: Path, tmp_path: Path, driver: Path, started_by
     assert (info["fd3_mode"], info["fd4_mode"]) == (os.O_WRONLY, os.O_RDONLY)
 
     text = Path(stdio).read_text()
-    m = HEADER_RE.match(text)
+    m = RQ_START_RE.match(text)
     assert m is not None, text
     assert int(m.group(1)) == info["pid"]
     assert m.group(3) == os.path.realpath(driver)
@@ -387,13 +351,13 @@ def test_s6_3_leftover_group_members_do_not_hold_up_the_job(
     make_queue(root, "q", driver)
     q = launch("q")
     pidfile, release = tmp_path / "child.pid", tmp_path / "release"
-    full = create(q, param1=ops(["child", str(pidfile), str(release), {"keep_pipe": True}],
+    full = create_msg(q, param1=ops(["child", str(pidfile), str(release), {"keep_pipe": True}],
                                 ["w", "done parent exited\n"], ["exit", 0]))
     q.wait_state(full, "done")
     child = int(pidfile.read_text())
     assert q.message(full)["status"] == "done - parent exited"
     assert not process_gone(child)
-    assert os.getpgid(child) == header_pids(root, q.message(full))[0]
+    assert os.getpgid(child) == start_header_pids(root, q.message(full))[0]
     release.touch()
     wait_for(lambda: process_gone(child), 10, what="child to exit")
 
@@ -467,18 +431,18 @@ PIPE_CASES: list[tuple[str, list[list[Any]], str, str]] = [
                          ids=[c[0] for c in PIPE_CASES])
 def test_s6_4_s6_6_completion_and_exit_rules(pipeq: QueueProc, steps: list[list[Any]],
                                              state: str, text: str) -> None:
-    full = create(pipeq, param1=ops(*steps))
+    full = create_msg(pipeq, param1=ops(*steps))
     assert wait_final(pipeq, full) == state
     msg = pipeq.message(full)
     if "{pid}" in text:
-        text = text.format(pid=header_pids(pipeq.root, msg)[-1])
+        text = text.format(pid=start_header_pids(pipeq.root, msg)[-1])
     assert msg["status"] == (f"{state} - {text}" if text else state)
     assert pipeq.call("ping") == ["pong"]      # the daemon survives whatever the job wrote
 
 
 def test_s6_4_status_text_is_live_while_running(pipeq: QueueProc, tmp_path: Path) -> None:
     release = tmp_path / "release"
-    full = create(pipeq, param1=ops(["w", "this is not a command\n"], ["wait", str(release)],
+    full = create_msg(pipeq, param1=ops(["w", "this is not a command\n"], ["wait", str(release)],
                                     ["w", "run half way\n"], ["wait", str(release) + "2"],
                                     ["w", "done finished\n"]))
     wait_for(lambda: pipeq.message(full)["status"] == "run - this is not a command", 10,
@@ -494,7 +458,7 @@ def test_s6_4_status_text_is_live_while_running(pipeq: QueueProc, tmp_path: Path
 
 def test_s6_4_resend_increments_count_at_once(pipeq: QueueProc, tmp_path: Path) -> None:
     release = tmp_path / "release"
-    full = create(pipeq, count=4, param1=ops(["w", "resend 30-try later\n"],
+    full = create_msg(pipeq, count=4, param1=ops(["w", "resend 30-try later\n"],
                                              ["wait", str(release)]))
     wait_for(lambda: pipeq.message(full)["count"] == 5, 10, what="count to be incremented")
     assert pipeq.state(full) == "run"
@@ -527,7 +491,7 @@ def test_s5_4_resend_examples(root: Path, launch: Launch, driver: Path, count: i
                               final_count: int, text: str) -> None:
     make_queue(root, "q", driver)
     q = launch("q")
-    full = create(q, count=count, max_count=max_count, param1=ops(**program))
+    full = create_msg(q, count=count, max_count=max_count, param1=ops(**program))
     assert wait_final(q, full) == state
     msg = q.message(full)
     assert msg["count"] == final_count
@@ -535,7 +499,7 @@ def test_s5_4_resend_examples(root: Path, launch: Launch, driver: Path, count: i
     runs = final_count - count + (0 if state == "err" else 1)
     ev = msg_events(root, "q", full, state)
     assert [e["to"] for e in ev if e["from"] == "run"] == ["que"] * (runs - 1) + [state]
-    assert len(header_pids(root, msg)) == runs         # one RQ START header per run
+    assert len(start_header_pids(root, msg)) == runs         # one RQ START header per run
 
 
 # ================================================================ S6.5 dup
@@ -550,7 +514,7 @@ def dup_setup(root: Path, tmp_path: Path, launch: Launch, driver: Path) -> dict[
 def run_dup(q: QueueProc, tmp_path: Path, line: str, **fields: Any) -> tuple[str, str]:
     """Run a job that sends `line`, reads the reply on fd 4, and completes done."""
     reply = tmp_path / f"reply-{time.monotonic_ns()}"
-    full = create(q, param1=ops(["w", line + "\n"], ["reply", str(reply)],
+    full = create_msg(q, param1=ops(["w", line + "\n"], ["reply", str(reply)],
                                 ["w", "done after dup\n"]), **fields)
     text = wait_file(reply)
     q.wait_state(full, "done")
@@ -662,8 +626,8 @@ def test_s6_7_timeout_kills_the_job_and_its_group(root: Path, tmp_path: Path, la
     make_queue(root, "q", driver, timeout=timeout, kill_grace=1, num_workers=2)
     q = launch("q")
     pidfile, never = tmp_path / "child.pid", tmp_path / "never"
-    fast = create(q, param1=ops(["w", "done quick\n"]))
-    full = create(q, param1=ops(["child", str(pidfile), str(never),
+    fast = create_msg(q, param1=ops(["w", "done quick\n"]))
+    full = create_msg(q, param1=ops(["child", str(pidfile), str(never),
                                 {"ignore_term": ignore_term}],
                                ["w", "done early\n"], ["wait", str(never)]))
     q.wait_state(fast, "done")               # a job that ends in time is handled normally
@@ -671,7 +635,7 @@ def test_s6_7_timeout_kills_the_job_and_its_group(root: Path, tmp_path: Path, la
     q.wait_state(full, "err", timeout=timeout + 5)
     msg = q.message(full)
     assert msg["status"] == f"err - JOB TIMED OUT AFTER {text} SECONDS - MOVING TO ERR"
-    leader = header_pids(root, msg)[0]
+    leader = start_header_pids(root, msg)[0]
     assert process_gone(leader)
     wait_for(lambda: process_gone(child), 5, what="the job's child to be killed")
     ev = msg_events(root, "q", full, "err")[-1]
@@ -692,12 +656,12 @@ def test_s6_8_destroy_kills_the_whole_group(root: Path, tmp_path: Path, launch: 
                               ["w", "run working\n"], ["wait", str(never)]]
     if ignore_term:
         steps.insert(0, ["ignore", "SIGTERM"])
-    full = create(q, param1=ops(*steps))
+    full = create_msg(q, param1=ops(*steps))
     child = int(wait_file(pidfile))
     assert q.call("destroy_message", {"msg_id": full}) == ["ok", "msg destroyed"]
     q.wait_state(full, "err", timeout=5)
     msg = q.message(full)
-    leader = header_pids(root, msg)[0]
+    leader = start_header_pids(root, msg)[0]
     sig = "SIGKILL (signal 9)" if ignore_term else "SIGTERM (signal 15)"
     assert msg["status"] == ("err - PROCESS EXITED IMPROPERLY - MOVING TO ERR - Completion was"
                              f"  but exit status was pid {leader} {sig}")
@@ -707,11 +671,70 @@ def test_s6_8_destroy_kills_the_whole_group(root: Path, tmp_path: Path, launch: 
 def test_s6_8_destroy_failures(root: Path, launch: Launch, driver: Path) -> None:
     make_queue(root, "q", driver)
     q = launch("q")
-    done = create(q, param1=ops(["w", "done ok\n"]))
+    done = create_msg(q, param1=ops(["w", "done ok\n"]))
     q.wait_state(done, "done")
     assert q.call("destroy_message", {"msg_id": done}) == ["fail", "msg not running"]
     (root / "config" / "q.pause").touch()
-    queued = create(q)
+    queued = create_msg(q)
     assert q.call("destroy_message", {"msg_id": queued}) == ["fail", "msg not running"]
     assert q.call("destroy_message", {"msg_id": "20100625.0127.35.122.1"}) == [
         "fail", "msg not found"]
+
+
+# ================================================================ S6.6 / S12.2 webhook trigger
+
+def test_s6_6_final_states_trigger_post_run_webhooks(root: Path, launch: Launch,
+                                                     driver: Path) -> None:
+    make_queue(root, "q", driver, num_workers=2)
+    make_queue(root, "webhook", driver)
+    (root / "config" / "webhook.pause").touch()      # keep the webhook messages to look at
+    q, hooks = launch("q"), launch("webhook")
+    urls = ["http://hook.example/one", "https://hook.example/two"]
+    ok = create_msg(q, param1=ops(["w", "done hooked\n"]), param2="x", post_run_webhook=urls)
+    bad = create_msg(q, param1=ops(["w", "err hooked\n"]), post_run_webhook=urls[:1])
+    resent = create_msg(q, count=0, param1=ops(c0=[["w", "resend 1000\n"]]),
+                        post_run_webhook=urls[:1])
+    q.wait_state(ok, "done")
+    q.wait_state(bad, "err")
+    q.wait_state(resent, "que")                       # not final: no hook
+    wait_for(lambda: hooks.counts()["que"] == 3, 5, what="three webhook messages")
+    got = []
+    for entry in hooks.call("messages", {"state": "que"}):
+        m = hooks.message(entry["msg_id"])
+        got.append((m["param1"], json.loads(m["param2"])))
+        assert (m["dest"], m["state"]) == ("webhook", "que")
+    by_id: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for url, payload in got:
+        by_id.setdefault(payload["msg_id"], []).append((url, payload))
+    assert set(by_id) == {ok, bad}
+    assert sorted(u for u, _ in by_id[ok]) == sorted(urls)
+    payload = by_id[ok][0][1]
+    assert payload["state"] == "done"
+    assert payload["param2"] == "x" and payload["post_run_webhook"] == urls
+    assert payload["orig_msg_id"] == ok
+    assert "status" not in payload and "path" not in payload
+    assert [(u, p["state"]) for u, p in by_id[bad]] == [(urls[0], "err")]
+    assert q.call("delete_message", {"msg_id": resent}) == ["ok", "msg deleted"]
+
+
+def test_s12_2_coalesced_dups_ending_done_trigger_their_webhooks(
+        root: Path, tmp_path: Path, launch: Launch, driver: Path) -> None:
+    make_queue(root, "q", driver, num_workers=1, coalesce_params=[1])
+    make_queue(root, "webhook", driver)
+    (root / "config" / "webhook.pause").touch()
+    q, hooks = launch("q"), launch("webhook")
+    rel_blk, rel_p = tmp_path / "release-blk", tmp_path / "release-p"
+    create_msg(q, param1="blk", param4=ops(["wait", str(rel_blk)], ["w", "done b\n"]))
+    p = create_msg(q, param1="a", due=time.time() - 10,
+                   param4=ops(["wait", str(rel_p)], ["w", "done parent\n"]))
+    d = create_msg(q, param1="a", post_run_webhook=["http://hook.example/dup"])
+    rel_blk.touch()
+    q.wait_state(p, "run")
+    rel_p.touch()
+    q.wait_state(d, "done")
+    wait_for(lambda: hooks.counts()["que"] == 1, 5, what="the dup's webhook message")
+    entry = hooks.call("messages", {"state": "que"})[0]
+    m = hooks.message(entry["msg_id"])
+    payload = json.loads(m["param2"])
+    assert m["param1"] == "http://hook.example/dup"
+    assert (payload["msg_id"], payload["state"], payload["dup"]) == (d, "done", p)

@@ -14,7 +14,6 @@ finds on its ready pipe: `ready`, or `fatal <ERROR line>`.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import select
 import signal
@@ -29,7 +28,7 @@ from rq.errors import ConfigError, RQError
 from rq.mgr import pidfile, queuedirs
 from rq.mgr.daemon import run_daemon
 from rq.mgr.supervisor import ALREADY_RUNNING
-from rq.proc import kill_process, signal_group
+from rq.proc import kill_process, signal_group, spawn_detached
 
 USAGE = "usage: rq-mgr [--root PATH] start|stop|restart|reload|run|status"
 COMMANDS = ("start", "stop", "restart", "reload", "run", "status")
@@ -37,7 +36,6 @@ START_TIMEOUT = 30.0
 STOP_BASE = 20.0      # S21: 20 s plus the largest kill_grace before SIGKILL
 POLL = 0.05
 # Runs the daemon from the root (S1.2) without a fork of this process.
-CD_AND_EXEC = 'cd "$1" || exit 1; shift; exec "$@"'
 READY_FD = 3
 
 
@@ -138,23 +136,12 @@ def start_detached(root: str) -> int:
     """Spawn `python -m rq.mgr` in its own session with stdio on /dev/null and
     wait up to 30 s for its ready line."""
     read_fd, write_fd = os.pipe()
-    # Above 9 so the dup2 onto fd 3 always clears close-on-exec (dup2 of an fd
-    # onto itself would not) and no /dev/null open can land on it.
-    high = fcntl.fcntl(write_fd, fcntl.F_DUPFD_CLOEXEC, 10)
-    os.close(write_fd)
-    argv = ["/bin/sh", "-c", CD_AND_EXEC, "rq-mgr", root, sys.executable, "-m", "rq.mgr",
-            "--root", root, "--ready-fd", str(READY_FD)]
-    actions = [
-        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-        (os.POSIX_SPAWN_DUP2, 1, 2),
-        (os.POSIX_SPAWN_DUP2, high, READY_FD),
-    ]
+    argv = [sys.executable, "-m", "rq.mgr", "--root", root, "--ready-fd", str(READY_FD)]
     try:
-        pid = os.posix_spawn("/bin/sh", argv, dict(os.environ), file_actions=actions,
-                             setsid=True)
+        pid = spawn_detached(argv, cwd=root, env=dict(os.environ), ready_w=write_fd,
+                             ready_fd=READY_FD)
     finally:
-        os.close(high)
+        os.close(write_fd)
     try:
         line = read_ready_line(read_fd, time.monotonic() + START_TIMEOUT)
     finally:

@@ -34,6 +34,7 @@ from rq.fsops import FsOps
 from rq.loop import Loop
 from rq.mgr import pidfile, queuedirs
 from rq.mgr.children import Child, Policy, State
+from rq.mgr.commands import Commands
 from rq.protocol import describe_exit
 from rq.sockserve import Rq1Server
 
@@ -104,8 +105,6 @@ class Manager:
     def start(self) -> None:
         """Steps 2, 3, 5 of S2.2 (step 1, the main config, is the caller's).
         Raises RQError with the line to print."""
-        from rq.mgr.commands import Commands  # commands needs a Manager instance only
-
         self.loop = Loop(SIGNALS)
         self.claim_pid_file()
         try:
@@ -113,7 +112,8 @@ class Manager:
             self.server.start()
         except OSError as exc:
             pidfile.remove_pid(self.root, os.getpid())
-            raise RQError(f"ERROR: cannot bind config/queuemgr.sock: {exc.strerror or exc}")
+            raise RQError(
+                f"ERROR: cannot bind config/queuemgr.sock: {exc.strerror or exc}") from exc
         log.info("rq-mgr started, pid %d, root %s", os.getpid(), self.root)
         now = time.monotonic()
         self.ready_deadline = now + READY_CAP
@@ -127,8 +127,12 @@ class Manager:
         if pid is not None and pid != os.getpid() and pidfile.is_manager_of(pid, self.root):
             raise RQError(ALREADY_RUNNING)
         if pid is not None:
-            log.info("removing stale pid file (pid %d)", pid)
-        pidfile.write_pid(self.root, os.getpid(), self.fs)
+            log.info("replacing stale pid file (pid %d)", pid)
+        try:
+            pidfile.write_pid(self.root, os.getpid(), self.fs)
+        except OSError as exc:
+            raise RQError(
+                f"ERROR: cannot write config/queuemgr.pid: {exc.strerror or exc}") from exc
 
     def scan_queues(self) -> list[str]:
         return queuedirs.scan(self.root)
@@ -316,6 +320,7 @@ class Manager:
             daemon = child.daemon
             if daemon is None or (returncode := daemon.popen.poll()) is None:
                 continue
+            child.hup_pending = False  # its pid is reaped: never signal it again
             if daemon.ready_r >= 0:
                 self.read_ready(child, daemon.ready_r)  # a last line written before exiting
             self.close_ready(child)

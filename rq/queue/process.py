@@ -578,6 +578,8 @@ class QueueProcess:
                 continue
             self.index.counts[state] += 1
             self.events.log(dup_id, "que", state, status=text, count=item.fields.get("count"))
+            if item.fields.get("post_run_webhook"):  # a dup ends done/relayed too (S12.2)
+                self.fire_webhooks(dup_id, item.fields, state)
 
     def fire_webhooks(self, msg_id: str, fields: dict[str, Any], state: str) -> None:
         """S12.2 trigger: one `webhook` message per URL, sent from a thread."""

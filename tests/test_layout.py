@@ -1,0 +1,77 @@
+"""Repository layout and module ownership rules (STYLE.md, docs/DESIGN.md).
+
+Dependencies point one way: leaves (`errors`, `protocol`) import nothing of
+rq; the daemons (`queue`, `mgr`) never import each other; nothing in rq/
+imports the CLI.  Checked with `ast` over every module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from rqtest import REPO
+
+RQ = REPO / "rq"
+
+
+def rq_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("rq")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rq"):
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return {name for name in found if name == "rq" or name.startswith("rq.")}
+
+
+def module_files(prefix: str) -> list[Path]:
+    target = RQ / prefix
+    return sorted(target.rglob("*.py")) if target.is_dir() else [target.with_suffix(".py")]
+
+
+@pytest.mark.parametrize("leaf", ["errors", "protocol"])
+def test_leaves_import_no_rq_module_but_errors(leaf: str) -> None:
+    allowed = {"rq.errors", "rq.errors.ProtocolError"}
+    assert rq_imports(RQ / f"{leaf}.py") <= allowed
+
+
+@pytest.mark.parametrize("owner,forbidden", [
+    ("queue", "rq.mgr"), ("mgr", "rq.queue"), ("store.py", "rq.queue"), ("store.py", "rq.mgr"),
+    ("fsops.py", "rq.store"), ("proc.py", "rq.store"), ("config.py", "rq.store"),
+])
+def test_daemons_and_layers_do_not_cross(owner: str, forbidden: str) -> None:
+    for path in module_files(owner.removesuffix(".py")):
+        bad = {m for m in rq_imports(path) if m == forbidden or m.startswith(forbidden + ".")}
+        assert not bad, f"{path.relative_to(REPO)} imports {bad}"
+
+
+def test_only_cli_modules_import_the_cli() -> None:
+    for path in RQ.rglob("*.py"):
+        if path.name in ("cli.py", "__main__.py"):
+            continue
+        assert "rq.cli" not in rq_imports(path), path
+
+
+def test_no_bare_fork_outside_proc() -> None:
+    """Spawning goes through rq/proc.py only (STYLE habit 8)."""
+    for path in RQ.rglob("*.py"):
+        text = path.read_text()
+        if path.name != "proc.py":
+            assert "os.fork(" not in text and "posix_spawn(" not in text, path
+
+
+def test_repository_config_has_no_config_json() -> None:
+    """S1.1: a fresh checkout is never mistaken for an installed root."""
+    assert not (REPO / "config" / "config.json").exists()
+    assert (REPO / "config" / "config.json.example").exists()
+
+
+def test_every_module_has_a_docstring() -> None:
+    for path in RQ.rglob("*.py"):
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+        assert doc, f"{path.relative_to(REPO)} lacks a module docstring"
