@@ -97,6 +97,7 @@ def main() -> int:
             runs.append(start_once(root, args.n))
             print(f"  run {i + 1}: ping {runs[-1][0]:.2f} s, serving {runs[-1][1]:.2f} s, "
                   f"RSS {runs[-1][2]:.0f} MB", flush=True)
+        print("  removing the temporary directory (untimed)...", flush=True)
     ping = median([r[0] for r in runs])
     ready = median([r[1] for r in runs])
     rss = median([r[2] for r in runs])

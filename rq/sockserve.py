@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,23 @@ log = logging.getLogger(__name__)
 
 READ_TIMEOUT = 30.0
 SPARE_WORKERS = 4
+
+
+BAD_REQUEST = ["fail", "bad request"]
+
+
+def _drain(conn: socket.socket, limit: float = 1.0) -> None:
+    """After refusing a frame, read off what the client still sends before
+    closing: closing a socket with unread input resets the connection on
+    Linux, and the client would lose the reply (S7.1)."""
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(limit)
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and conn.recv(65536):
+            pass
+    except OSError:
+        pass
 
 
 class KeepOpen:
@@ -125,6 +143,8 @@ class Rq1Server:
                 keep = True
                 return
             conn.sendall(protocol.encode_reply(reply))
+            if reply == BAD_REQUEST:
+                _drain(conn)
         except OSError:
             pass  # client went away; nothing to answer
         finally:
@@ -135,7 +155,7 @@ class Rq1Server:
         try:
             cmd, arg = protocol.split_request(read_frame(conn))
         except (ProtocolError, socket.timeout):
-            return ["fail", "bad request"]
+            return BAD_REQUEST
         try:
             return self.handler(cmd, arg, conn)
         except ProtocolError:

@@ -172,7 +172,7 @@ def short_id(full_id: str) -> str:
 # each message chooses, so a test needs no fixed sleeps: a job that must "run for a while"
 # waits for a file the test creates.
 
-DRIVER_SOURCE = r'''"""Test queue script: performs the steps JSON-encoded in RQ_PARAM1 (see rqtest.job)."""
+DRIVER_SOURCE = r'''"""Test queue script: runs the JSON steps in RQ_PARAM1 (rqtest.job)."""
 import fcntl, json, os, signal, subprocess, sys, time
 
 CHILD = """
@@ -223,6 +223,7 @@ def info():
             "ppid": os.getppid(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
             "cwd": os.getcwd(), "env": dict(os.environ), "argv": sys.argv,
             "fds": fd_table(), "stdin": stdin_data,
+            "fd1_append": bool(os.O_APPEND & fcntl.fcntl(1, fcntl.F_GETFL)),
             "fd3_mode": os.O_ACCMODE & fcntl.fcntl(3, fcntl.F_GETFL),
             "fd4_mode": os.O_ACCMODE & fcntl.fcntl(4, fcntl.F_GETFL)}
 
@@ -291,6 +292,13 @@ for op, *args in spec:
         time.sleep(args[0])
     elif op == "kill":
         os.kill(os.getpid(), getattr(signal, args[0]))
+    elif op == "close":
+        os.close(args[0])
+    elif op == "core":  # die of SIGABRT with a core dump
+        import resource
+        hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
+        resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
+        os.abort()
     elif op == "exit":
         sys.exit(args[0])
 sys.exit(0)
@@ -303,8 +311,8 @@ def write_driver(path: Path) -> Path:
 
 
 def job(*ops: Any, **by_count: Any) -> str:
-    """RQ_PARAM1 (or RQ_PARAM4) for the driver: `job(["w", "done ok\\n"], ["exit", 0])`.  Keyword form
-    `job(c0=[...], other=[...])` picks a program by RQ_COUNT (`other` for the rest)."""
+    """RQ_PARAM1 (or RQ_PARAM4) for the driver: `job(["w", "done ok\\n"], ["exit", 0])`.
+    Keyword form `job(c0=[...], other=[...])` picks a program by RQ_COUNT (`other`: the rest)."""
     if by_count:
         return json.dumps({("*" if k == "other" else k[1:]): v for k, v in by_count.items()})
     return json.dumps([list(op) for op in ops])
@@ -334,7 +342,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# ---------------------------------------------------------------- message helpers (queue-process tests)
+# ---------------------------------------------------------------- message helpers (queue tests)
 
 RQ_START_RE = re.compile(
     r"\n(\d+) - (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4}) - RQ START - (.*)\n")
@@ -376,3 +384,31 @@ def msg_events(root: Path, queue: str, full: str, last_to: str | None = None,
         wait_for(lambda: (get() or [{}])[-1].get("to") == last_to, timeout,
                  what=f"an event of {full} to {last_to}")
     return get()
+
+
+class LifelineQueueProc(QueueProc):
+    """A queue process started the way rq-mgr starts it: with a lifeline pipe (S2.1).
+    `close_lifeline()` is the manager's death."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        self.root, self.name = root, name
+        life_r, self.lifeline_w = os.pipe()
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self.log = open(root / "log" / f"{name}.stderr", "ab")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "rq.queue", "--root", str(root), "--name", name,
+             "--lifeline-fd", str(life_r)],
+            cwd=str(root), env=env, stdout=self.log, stderr=self.log, start_new_session=True,
+            pass_fds=(life_r,))
+        os.close(life_r)
+        wait_for(self.ping, 20, what=f"queue {name} to answer ping")
+
+    def close_lifeline(self) -> None:
+        if self.lifeline_w >= 0:
+            os.close(self.lifeline_w)
+            self.lifeline_w = -1
+
+    def stop(self, timeout: float = 30) -> int:
+        code = super().stop(timeout)
+        self.close_lifeline()
+        return code

@@ -136,12 +136,6 @@ def test_s7_1_bad_size_field_is_a_bad_request(shared: QueueProc, header: bytes) 
     assert shared.ping()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rq/sockserve.py Rq1Server._serve closes the connection right after sendall() while "
-    "the rest of a refused frame is still unread; on Linux AF_UNIX that makes the client's "
-    "recv() fail with ECONNRESET and the [\"fail\",\"bad request\"] reply is lost "
-    "(S7.1: answered when a reply can still be sent).  Fix: after sending, shutdown(SHUT_WR) "
-    "and drain the input until EOF or a short deadline before close()"))
 @pytest.mark.parametrize("frame", [b"rq2 00000004 ping", b"rq1 0000000x create_message {}",
                                    b"rq1 99999999 create_message {\"dest\":\"x\"}"])
 def test_s7_1_bad_frame_followed_by_more_bytes_is_answered(shared: QueueProc,
@@ -208,18 +202,16 @@ def test_s7_1_invalid_utf8_payload_is_a_bad_request(shared: QueueProc) -> None:
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=300).filter(lambda b: not b.startswith(b"rq1 ")))
 def test_s7_1_random_garbage_is_a_bad_request(shared: QueueProc, garbage: bytes) -> None:
-    """Garbage of at most a header's length is read whole and must be answered; longer
-    garbage may lose its reply to the sockserve reset bug (see the xfail above), but never
-    hurts the daemon."""
-    raw = exchange_tolerating_reset(shared, garbage, len(garbage) > protocol.HEADER_LEN)
-    if raw is not None:
-        assert decode_reply_frame(raw) == BAD_REQUEST
+    """Any garbage is answered with a bad request (the server drains what it did not read
+    before closing, so no reply is lost to a reset) and never hurts the daemon."""
+    assert decode_reply_frame(raw_exchange(sock_path(shared), garbage)) == BAD_REQUEST
     assert shared.call("ping") == ["pong"]
 
 
 def exchange_tolerating_reset(qp: QueueProc, data: bytes, unread_left: bool) -> bytes | None:
-    """raw_exchange, but a reset is accepted (-> None) when the server stops reading before
-    the end of `data` (the known sockserve bug); otherwise it fails the test."""
+    """raw_exchange, but a reset is accepted (-> None) when the client sent more bytes than
+    its well-formed frame announced: the server answers the frame it read and closes, and
+    the kernel may reset a connection closed with unread input; otherwise it fails."""
     try:
         return raw_exchange(sock_path(qp), data)
     except ConnectionResetError:
@@ -424,11 +416,6 @@ def test_s3_5_pause_accepts_messages_but_starts_nothing(procs: list[QueueProc],
     assert qp.state(prep) == "que" and qp.state(full) == "que"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rq/queue/process.py next_timeout(): once every que message is due, a paused queue's loop "
-    "sleeps PASS_INTERVAL (5 s) and nothing but a socket request wakes it, so after "
-    "config/NAME.pause is removed a due message starts up to 5 s later, not within 1 s "
-    "(S5.1; S3.5 re-checks the flags at every pass, but passes are 5 s apart)"))
 def test_s5_1_resumed_queue_starts_a_due_message_within_1s(procs: list[QueueProc],
                                                           root: Path) -> None:
     qp = start_queue(procs, root, paused=True)

@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,9 +21,9 @@ import pytest
 
 import rq
 from rqtest import (
-    REPO, RQ_START_RE, QueueProc, create_msg, job_log, make_queue, make_root, msg_events,
-    process_gone, short_id, start_header_pids, wait_file, wait_final, wait_for, write_driver,
-    write_script,
+    RQ_START_RE, LifelineQueueProc, QueueProc, create_msg, job_log, make_queue, make_root,
+    msg_events, process_gone, short_id, start_header_pids, wait_file, wait_final, wait_for,
+    write_driver, write_script,
 )
 from rqtest import job as ops
 
@@ -218,7 +217,8 @@ def test_s6_2_exact_environment(tmp_path: Path) -> None:
                     count=2, max_count=5, force_remote=True)
         remote = "https://remote.example:8443/x/q/far/20100625.0127.35.122.7509656"
         p2 = ops(["info", str(info2)], ["w", "done ok\n"])
-        m2 = create_msg(q, dest=remote, param1=p2, orig_msg_id="http://a:1/q/b/20100625.0127.35.122.1")
+        m2 = create_msg(q, dest=remote, param1=p2,
+                        orig_msg_id="http://a:1/q/b/20100625.0127.35.122.1")
         env1 = json.loads(wait_file(info1))["env"]
         env2 = json.loads(wait_file(info2))["env"]
         q.wait_state(m1, "done")
@@ -273,32 +273,10 @@ def test_s6_2_tmpdir_comes_from_the_main_config(tmp_path: Path) -> None:
 
 # ================================================================ S6.3 process set-up
 
-class LifelineQueue(QueueProc):
-    """A queue process started the way rq-mgr starts it: with a lifeline pipe (S2.1)."""
-
-    def __init__(self, root: Path, name: str) -> None:
-        self.root, self.name = root, name
-        life_r, self.lifeline_w = os.pipe()
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.log = open(root / "log" / f"{name}.stderr", "ab")
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "rq.queue", "--root", str(root), "--name", name,
-             "--lifeline-fd", str(life_r)],
-            cwd=str(root), env=env, stdout=self.log, stderr=self.log, start_new_session=True,
-            pass_fds=(life_r,))
-        os.close(life_r)
-        wait_for(self.ping, 20, what=f"queue {name} to answer ping")
-
-    def stop(self, timeout: float = 30) -> int:
-        code = super().stop(timeout)
-        os.close(self.lifeline_w)
-        return code
-
-
 @pytest.mark.parametrize("started_by", ["hand", "manager"])
 def test_s6_3_process_setup(root: Path, tmp_path: Path, driver: Path, started_by: str) -> None:
     make_queue(root, "q", driver)
-    q = LifelineQueue(root, "q") if started_by == "manager" else QueueProc(root, "q")
+    q = LifelineQueueProc(root, "q") if started_by == "manager" else QueueProc(root, "q")
     info_path, release = tmp_path / "info.json", tmp_path / "release"
     try:
         before = time.time()
@@ -332,6 +310,7 @@ def test_s6_3_process_setup(root: Path, tmp_path: Path, driver: Path, started_by
     assert fds["3"].startswith("pipe:") and fds["4"].startswith("pipe:")
     assert fds["3"] != fds["4"]
     assert (info["fd3_mode"], info["fd4_mode"]) == (os.O_WRONLY, os.O_RDONLY)
+    assert info["fd1_append"] is True
 
     text = Path(stdio).read_text()
     m = RQ_START_RE.match(text)
@@ -438,6 +417,32 @@ def test_s6_4_s6_6_completion_and_exit_rules(pipeq: QueueProc, steps: list[list[
         text = text.format(pid=start_header_pids(pipeq.root, msg)[-1])
     assert msg["status"] == (f"{state} - {text}" if text else state)
     assert pipeq.call("ping") == ["pong"]      # the daemon survives whatever the job wrote
+    msg_dir = pipeq.root / msg["path"]
+    assert not (msg_dir / "pid").exists() and not (msg_dir / "proc.json").exists()
+
+
+def test_s6_4_final_line_is_processed_when_the_pipe_closes(pipeq: QueueProc,
+                                                           tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    full = create_msg(pipeq, param1=ops(["w", "run partial"], ["close", 3],
+                                        ["wait", str(release)]))
+    wait_for(lambda: pipeq.message(full)["status"] == "run - partial", 5,
+             what="the unterminated line at EOF")
+    assert pipeq.state(full) == "run"
+    release.touch()
+    assert wait_final(pipeq, full) == "err"
+    assert pipeq.message(full)["status"] == "err - partial"
+
+
+@pytest.mark.skipif(resource.getrlimit(resource.RLIMIT_CORE)[1] == 0,
+                    reason="core dumps are disabled (hard RLIMIT_CORE 0)")
+def test_s6_6_core_dump_is_named(pipeq: QueueProc) -> None:
+    full = create_msg(pipeq, param1=ops(["w", "done almost\n"], ["core"]))
+    assert wait_final(pipeq, full) == "err"
+    msg = pipeq.message(full)
+    pid = start_header_pids(pipeq.root, msg)[-1]
+    assert msg["status"] == ("err - " + IMPROPER.format(c="done")
+                             + f"pid {pid} SIGABRT (signal 6) (core dumped)")
 
 
 def test_s6_4_status_text_is_live_while_running(pipeq: QueueProc, tmp_path: Path) -> None:
@@ -738,3 +743,40 @@ def test_s12_2_coalesced_dups_ending_done_trigger_their_webhooks(
     payload = json.loads(m["param2"])
     assert m["param1"] == "http://hook.example/dup"
     assert (payload["msg_id"], payload["state"], payload["dup"]) == (d, "done", p)
+
+
+def test_s12_2_a_script_error_ending_in_err_triggers_its_webhook(
+        root: Path, tmp_path: Path, launch: Launch, driver: Path) -> None:
+    make_queue(root, "q", tmp_path / "missing-script")
+    make_queue(root, "webhook", driver)
+    (root / "config" / "webhook.pause").touch()
+    q, hooks = launch("q"), launch("webhook")
+    full = create_msg(q, post_run_webhook="http://hook.example/err")   # a string is split
+    assert q.state(full) == "err"
+    wait_for(lambda: hooks.counts()["que"] == 1, 5, what="the webhook message")
+    m = hooks.message(hooks.call("messages", {"state": "que"})[0]["msg_id"])
+    assert m["param1"] == "http://hook.example/err"
+    payload = json.loads(m["param2"])
+    assert (payload["msg_id"], payload["state"]) == (full, "err")
+
+
+def test_s6_1_s3_6_reload_with_the_script_still_broken_keeps_scripterror(
+        root: Path, tmp_path: Path, launch: Launch, driver: Path) -> None:
+    """SCRIPTERROR is cleared only when the script passes the check: a reload that leaves
+    it broken must not send another queued message to err."""
+    make_queue(root, "q", tmp_path / "missing-script")
+    q = launch("q")
+    first = create_msg(q)
+    waiting = create_msg(q, param1=ops(["w", "done ok\n"]))
+    assert (q.state(first), q.state(waiting)) == ("err", "que")
+    os.kill(q.popen.pid, signal.SIGHUP)
+    wait_for(lambda: "config reloaded" in (root / "log" / "queuemgr.log").read_text(), 5,
+             what="the reload")
+    assert q.call("ping") == ["pong"]             # a pass after the reload
+    assert q.call("status") == ["SCRIPTERROR"]
+    assert q.state(waiting) == "que"
+    # a reload that fixes the script clears it
+    make_queue(root, "q", driver)
+    os.kill(q.popen.pid, signal.SIGHUP)
+    q.wait_state(waiting, "done", timeout=5)
+    assert q.call("status") == ["UP"]

@@ -22,7 +22,7 @@ import pytest
 
 from rq.store import Store
 from rqtest import (
-    REPO, QueueProc, create_msg, make_queue, msg_events, process_gone, short_id,
+    REPO, LifelineQueueProc, QueueProc, create_msg, make_queue, msg_events, process_gone, short_id,
     start_header_pids, wait_file, wait_for, write_driver,
 )
 from rqtest import job as ops
@@ -167,6 +167,22 @@ def test_s2_5_shutdown_command_stops_gracefully(root: Path, tmp_path: Path, laun
     assert on_disk(root, "q", full)["status"] == f"que - {SHUTDOWN}"
 
 
+def test_s2_1_manager_death_means_a_graceful_stop(root: Path, tmp_path: Path,
+                                                  driver: Path) -> None:
+    make_queue(root, "q", driver, kill_grace=5)
+    q = LifelineQueueProc(root, "q")
+    try:
+        full = create_msg(q, param1=ops(["w", "run working\n"],
+                                        ["wait", str(tmp_path / "never")]))
+        wait_for(lambda: q.message(full)["status"] == "run - working", 5)
+        q.close_lifeline()                        # EOF on the lifeline: the manager is gone
+        assert q.popen.wait(10) == 0
+    finally:
+        q.stop()
+    assert on_disk(root, "q", full)["status"] == f"que - {SHUTDOWN}"
+    assert not (root / "queue" / "q" / "queue.pid").exists()
+
+
 # ================================================================ S2.7 recovery
 
 def test_s2_7_restart_kills_the_survivor_and_runs_the_message_again(
@@ -196,6 +212,8 @@ def test_s2_7_restart_kills_the_survivor_and_runs_the_message_again(
     assert not (que_dir / "pid").exists() and not (que_dir / "proc.json").exists()
     ev = msg_events(root, "q", full)[-1]
     assert (ev["from"], ev["to"], ev["status"], ev["count"]) == ("run", "que", RESTARTED, 2)
+    assert ev["pid"] == old_pid                       # S13.3: pid of a transition out of run
+    assert isinstance(ev["duration"], (int, float)) and ev["duration"] >= 0
 
     (root / "config" / "q.pause").unlink()
     assert q2.call("ping") == ["pong"]
@@ -324,3 +342,20 @@ def test_s13_events_of_a_job(root: Path, launch: Launch, driver: Path) -> None:
     assert q.call("delete_message", {"msg_id": killed}) == ["ok", "msg deleted"]
     gone = msg_events(root, "q", killed, "deleted")[-1]
     assert (gone["from"], gone["to"]) == ("err", "deleted")
+
+
+def test_s2_5_stop_kills_what_remains_of_a_job_group_after_the_grace(
+        root: Path, tmp_path: Path, launch: Launch, driver: Path) -> None:
+    """The leader dies of the stop's SIGTERM but a member ignoring it remains: step 4
+    SIGKILLs the remaining job process groups, so no part of the job outlives the stop
+    (S24.4: a queue stop never leaves a second copy of a job running)."""
+    make_queue(root, "q", driver, kill_grace=1)
+    q = launch("q")
+    pidfile, never = tmp_path / "child.pid", tmp_path / "never"
+    full = create_msg(q, param1=ops(["child", str(pidfile), str(never), {"ignore_term": True}],
+                                    ["w", "run working\n"], ["wait", str(never)]))
+    child = int(wait_file(pidfile))
+    stop_signal(q)
+    assert q.popen.wait(10) == 0
+    assert on_disk(root, "q", full)["status"] == f"que - {SHUTDOWN}"
+    wait_for(lambda: process_gone(child), 3, what="the job's remaining member to be killed")

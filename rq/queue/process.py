@@ -90,7 +90,8 @@ class QueueProcess:
             self.loop.add_reader(self.lifeline_fd, self.on_lifeline)
         self.signal_ready("ready")
         log.info("queue %s serving (%d queued)", self.name, len(self.index.que))
-        while not (self.stopping and not self.jobs and not self.unfinished):
+        while not (self.stopping and not self.jobs and not self.unfinished
+                   and not self.group_kills):
             self.run_once(self.next_timeout())
         self.server.close()
         self.remove_pid_file()
@@ -116,9 +117,15 @@ class QueueProcess:
         now = time.time()
         timeout = PASS_INTERVAL
         with self.lock:
-            due = self.index.next_wake(now) if len(self.jobs) < self.cfg.num_workers else None
-            if due is not None:
-                timeout = min(timeout, max(0.0, due - now) + 0.001)
+            if len(self.jobs) < self.cfg.num_workers:
+                due = self.index.next_wake(now)
+                if due is not None:
+                    timeout = min(timeout, max(0.0, due - now) + 0.001)
+                earliest = self.index.earliest_due()
+                if earliest is not None and earliest <= now:
+                    # due work waits on a flag, a block or SCRIPTERROR: look
+                    # again within 1 s (S5.1), so `rm NAME.pause` is noticed
+                    timeout = min(timeout, 1.0)
             mono = time.monotonic()
             for job in self.jobs.values():
                 for at in (job.deadline, job.kill_at):
@@ -205,8 +212,7 @@ class QueueProcess:
         for text in warnings:
             log.warning("%s", text)
         with self.lock:
-            self.cfg = cfg
-            self.script_error = None
+            self.cfg = cfg  # a SCRIPTERROR stays until the next pass finds the script usable
         log.info("config reloaded")
 
     # ================================================================ recovery (S2.7)
@@ -224,7 +230,10 @@ class QueueProcess:
             if not isinstance(fields.get("due"), (int, float)) or isinstance(fields["due"], bool):
                 fields["due"] = int(now)
                 self.store.write_msg(path, fields)
-            self.index.add_que(msg_id, fields["due"], fields)
+            try:
+                self.index.add_que(msg_id, fields["due"], fields)
+            except (TypeError, ValueError, OverflowError):
+                log.warning("skipping message que/%s: unusable due %r", msg_id, fields["due"])
         self.index.prep = set(self.store.list_flat("prep"))
         self.index.counts = self.count_finished()
 
@@ -245,7 +254,13 @@ class QueueProcess:
             log.error("cannot recover run/%s: %s", msg_id, exc)
             return
         fields = _read_json(os.path.join(self.store.msg_path("que", msg_id), "msg")) or {}
-        self.events.log(msg_id, "run", "que", status=text, count=fields.get("count"))
+        started = info.get("started") if isinstance(info, dict) else None
+        duration = (max(0.0, time.time() - started)
+                    if isinstance(started, (int, float)) and not isinstance(started, bool)
+                    else None)
+        self.events.log(msg_id, "run", "que", status=text, count=fields.get("count"),
+                        pid=pid if isinstance(pid, int) else None,   # S13.3: out of run
+                        duration=duration)
 
     def count_finished(self) -> dict[str, int]:
         return {"done": self.store.count_hashed("done"),
@@ -393,6 +408,8 @@ class QueueProcess:
         self.index.remove_que(item.msg_id)
         self.index.counts["err"] += 1
         self.events.log(item.msg_id, "que", "err", status=text, count=item.fields.get("count"))
+        if item.fields.get("post_run_webhook"):  # it ends in err too (S12.2)
+            self.fire_webhooks(item.msg_id, item.fields, "err")
 
     # ================================================================ pipes (S6.4)
     def register_pipes(self) -> None:
@@ -490,11 +507,13 @@ class QueueProcess:
             if job.kill_at is not None and mono >= job.kill_at:
                 job.kill_at = None
                 proc.signal_group(job.pid, signal.SIGKILL)
-        if self.stopping and self.stop_kill_at is not None and mono >= self.stop_kill_at:
+        stop_due = self.stopping and self.stop_kill_at is not None and mono >= self.stop_kill_at
+        if stop_due:
             for job in self.jobs.values():
                 proc.signal_group(job.pid, signal.SIGKILL)
             self.stop_kill_at = mono + 1.0
-        due_kills = [(at, pgid) for at, pgid in self.group_kills if at <= mono]
+        due_kills = [(at, pgid) for at, pgid in self.group_kills
+                     if at <= mono or stop_due or not proc.group_alive(pgid)]
         for entry in due_kills:
             self.group_kills.remove(entry)
             proc.signal_group(entry[1], signal.SIGKILL)
@@ -520,7 +539,11 @@ class QueueProcess:
                 self.unfinished.append(job)
             return
         self.jobs.pop(job.msg_id, None)
-        if job.kill_at is not None or job.timed_out:
+        if self.stopping and self.stop_kill_at is not None:
+            # S2.5 step 4: what remains of the group is SIGKILLed when the grace ends
+            if proc.group_alive(job.pid):
+                self.group_kills.append((self.stop_kill_at, job.pid))
+        elif job.kill_at is not None or job.timed_out:
             self.group_kills.append((time.monotonic() + self.cfg.kill_grace, job.pid))
         if job.down_w >= 0:
             os.close(job.down_w)
