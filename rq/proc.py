@@ -106,7 +106,9 @@ def spawn_job(cmd: list[str], *, cwd: str, env: dict[str, str], stdio_log: str,
         (os.POSIX_SPAWN_DUP2, read_fd, 4),
     ]
     argv = [_SH, "-c", JOB_WRAPPER, "rq-job", cwd, header, *cmd]
-    pid = os.posix_spawn(_SH, argv, env, file_actions=actions, setsid=True)
+    # Python ignores SIGPIPE and SIGXFSZ; a job gets the default dispositions back.
+    pid = os.posix_spawn(_SH, argv, env, file_actions=actions, setsid=True,
+                         setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
     try:
         os.setpriority(os.PRIO_PROCESS, pid, 19)  # S6.3 nice 19; exec keeps it
     except OSError:
@@ -148,11 +150,20 @@ def signal_group(pgid: int, sig: int) -> bool:
 
 
 def group_alive(pgid: int) -> bool:
+    """True while process group `pgid` has a member that is not a zombie."""
     try:
         os.killpg(pgid, 0)
-        return True
     except (ProcessLookupError, PermissionError):
         return False
+    # kill() also "reaches" zombies: orphaned members that died are reparented to
+    # an init that may never reap them (containers), so look for a live member.
+    for member in psutil.process_iter():
+        try:
+            if os.getpgid(member.pid) == pgid and member.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (OSError, psutil.Error):
+            continue
+    return False
 
 
 def start_time(pid: int) -> float | None:

@@ -143,10 +143,12 @@ def test_sigkill_schedule_loses_nothing(tmp_path: Path) -> None:
     try:
         queue_kills_since_mgr = 0
         threshold = 0
-        while len(kills) < MIN_KILLS + 4 and producer.is_alive():
-            threshold += rng.randint(15, 35)
-            wait_for(lambda: started_jobs(ledger) >= threshold or not producer.is_alive(),
-                     120, interval=0.02, what=f"{threshold} job starts")
+        # Kills are spread over the work by job starts (not time): one every
+        # 10..30 starts, so all of them land while messages are still running.
+        while len(kills) < MIN_KILLS + 4:
+            threshold += rng.randint(10, 30)
+            wait_for(lambda: started_jobs(ledger) >= threshold, 120, interval=0.02,
+                     what=f"{threshold} job starts")
             kind = rng.choice(["job", "job", "queue", "mgr"])
             if kind == "queue" and queue_kills_since_mgr >= 2:
                 kind = "mgr"  # keep the supervisor's backoff short (S2.3)

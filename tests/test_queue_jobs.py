@@ -183,9 +183,9 @@ def test_s6_1_3_default_prefix_is_bash_lc(root: Path, tmp_path: Path, launch: La
 
 def test_s6_1_5_exec_failure_is_logged_and_exits_127(root: Path, tmp_path: Path,
                                                      launch: Launch) -> None:
-    # "bash -lc" with a non-executable script: the script is a regular file, so the check
-    # passes; bash itself cannot execute it (126 Permission denied).  With a prefix whose
-    # program does not exist the wrapper cannot exec at all: RQ EXEC FAILED, exit 127.
+    # The script passes the check (a regular file; a prefix is set, so it need not be
+    # executable) but the prefix's program does not exist: the exec fails in the child,
+    # which logs RQ EXEC FAILED and exits 127, an improper exit (S6.6 rule 1).
     script = write_script(tmp_path / "s.sh", "#!/bin/sh\necho 'done x' >&3\n")
     make_queue(root, "q", script, exec_prefix=str(tmp_path / "no-such-interpreter"))
     q = launch("q")
@@ -214,7 +214,7 @@ def test_s6_2_exact_environment(tmp_path: Path) -> None:
         info1, info2 = tmp_path / "info1.json", tmp_path / "info2.json"
         p1 = ops(["info", str(info1)], ["w", "done ok\n"])
         m1 = create_msg(q, dest="/q/other", src="cron", param1=p1, param2="p 2", param4="4",
-                    count=2, max_count=5, force_remote=True)
+                        count=2, max_count=5, force_remote=True)
         remote = "https://remote.example:8443/x/q/far/20100625.0127.35.122.7509656"
         p2 = ops(["info", str(info2)], ["w", "done ok\n"])
         m2 = create_msg(q, dest=remote, param1=p2,
@@ -281,8 +281,8 @@ def test_s6_3_process_setup(root: Path, tmp_path: Path, driver: Path, started_by
     try:
         before = time.time()
         full = create_msg(q, param1=ops(["out", "to stdout\n"], ["stderr", "to stderr\n"],
-                                    ["info", str(info_path)], ["wait", str(release)],
-                                    ["w", "done ok\n"]))
+                                        ["info", str(info_path)], ["wait", str(release)],
+                                        ["w", "done ok\n"]))
         info = json.loads(wait_file(info_path))
         run_dir = root / "queue" / "q" / "run" / short_id(full)
         # S4.6: pid and proc.json exist while the job runs
@@ -331,7 +331,7 @@ def test_s6_3_leftover_group_members_do_not_hold_up_the_job(
     q = launch("q")
     pidfile, release = tmp_path / "child.pid", tmp_path / "release"
     full = create_msg(q, param1=ops(["child", str(pidfile), str(release), {"keep_pipe": True}],
-                                ["w", "done parent exited\n"], ["exit", 0]))
+                                    ["w", "done parent exited\n"], ["exit", 0]))
     q.wait_state(full, "done")
     child = int(pidfile.read_text())
     assert q.message(full)["status"] == "done - parent exited"
@@ -448,8 +448,8 @@ def test_s6_6_core_dump_is_named(pipeq: QueueProc) -> None:
 def test_s6_4_status_text_is_live_while_running(pipeq: QueueProc, tmp_path: Path) -> None:
     release = tmp_path / "release"
     full = create_msg(pipeq, param1=ops(["w", "this is not a command\n"], ["wait", str(release)],
-                                    ["w", "run half way\n"], ["wait", str(release) + "2"],
-                                    ["w", "done finished\n"]))
+                                        ["w", "run half way\n"], ["wait", str(release) + "2"],
+                                        ["w", "done finished\n"]))
     wait_for(lambda: pipeq.message(full)["status"] == "run - this is not a command", 10,
              what="garbage line as live status")
     release.touch()
@@ -464,7 +464,7 @@ def test_s6_4_status_text_is_live_while_running(pipeq: QueueProc, tmp_path: Path
 def test_s6_4_resend_increments_count_at_once(pipeq: QueueProc, tmp_path: Path) -> None:
     release = tmp_path / "release"
     full = create_msg(pipeq, count=4, param1=ops(["w", "resend 30-try later\n"],
-                                             ["wait", str(release)]))
+                                                 ["wait", str(release)]))
     wait_for(lambda: pipeq.message(full)["count"] == 5, 10, what="count to be incremented")
     assert pipeq.state(full) == "run"
     release.touch()
@@ -520,7 +520,7 @@ def run_dup(q: QueueProc, tmp_path: Path, line: str, **fields: Any) -> tuple[str
     """Run a job that sends `line`, reads the reply on fd 4, and completes done."""
     reply = tmp_path / f"reply-{time.monotonic_ns()}"
     full = create_msg(q, param1=ops(["w", line + "\n"], ["reply", str(reply)],
-                                ["w", "done after dup\n"]), **fields)
+                                    ["w", "done after dup\n"]), **fields)
     text = wait_file(reply)
     q.wait_state(full, "done")
     return full, text
@@ -633,8 +633,8 @@ def test_s6_7_timeout_kills_the_job_and_its_group(root: Path, tmp_path: Path, la
     pidfile, never = tmp_path / "child.pid", tmp_path / "never"
     fast = create_msg(q, param1=ops(["w", "done quick\n"]))
     full = create_msg(q, param1=ops(["child", str(pidfile), str(never),
-                                {"ignore_term": ignore_term}],
-                               ["w", "done early\n"], ["wait", str(never)]))
+                                     {"ignore_term": ignore_term}],
+                                   ["w", "done early\n"], ["wait", str(never)]))
     q.wait_state(fast, "done")               # a job that ends in time is handled normally
     child = int(wait_file(pidfile))
     q.wait_state(full, "err", timeout=timeout + 5)

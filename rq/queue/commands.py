@@ -86,8 +86,8 @@ class Commands:
                 if len(out) >= limit:
                     break
                 item = self.q.index.que[msg_id]
-                out.append({"msg_id": msg_id, "due": item.fields.get("due"),
-                            "dest": item.fields.get("dest")})
+                due = int(item.due) if item.due.is_integer() else item.due
+                out.append({"msg_id": msg_id, "due": due, "dest": item.dest})
         return out
 
     def _list_run(self, limit: int) -> Any:
@@ -318,9 +318,12 @@ class Commands:
             earliest = q.index.earliest_due()
             due = min(time.time(), (earliest if earliest is not None else time.time()) - 1)
             due = round(due, 3)
-            fields = dict(item.fields, due=due)
             try:
+                fields = q.store.read_msg(path)
+                fields["due"] = due
                 q.store.write_msg(path, fields)
+            except ValueError as exc:
+                raise Fail("msg couldn't be read") from exc
             except OSError as exc:
                 raise Fail(f"msg couldn't be updated: {exc.strerror or exc}") from exc
             q.index.set_due(msg_id, due)

@@ -75,4 +75,6 @@ def _reply(reply: Any, step: str) -> str:
     if _ok(reply):
         return f"ok {reply[1]}"
     reason = reply[1] if isinstance(reply, list) and len(reply) > 1 else protocol.dumps(reply)
+    if reason == "status: DOWN":
+        step = ""  # the target refused as a whole: `fail dup failed - status: DOWN` (S6.5)
     return f"fail dup failed - {step}{reason}"

@@ -17,13 +17,21 @@ from sortedcontainers import SortedList
 from rq.queue.jobs import param_key
 
 
-@dataclass
+@dataclass(slots=True)
 class QueItem:
+    """What scheduling needs of a queued message; the rest stays on disk (a
+    queue of 100,000 messages must fit in little memory, issue 2 bench (d))."""
+
     msg_id: str
     due: float
-    fields: dict[str, Any]
+    dest: str
+    params: tuple[str, str, str, str]
+    count: int
     seq: int                  # commit order, for single_que (S5.6)
     dup_of: str | None = None  # id of the running parent this waits on (S5.3)
+
+    def key(self, params: tuple[int, ...]) -> tuple[str, ...]:
+        return tuple(self.params[i - 1] for i in params)
 
 
 class Index:
@@ -36,7 +44,11 @@ class Index:
 
     # ------------------------------------------------------------ que
     def add_que(self, msg_id: str, due: float, fields: dict[str, Any]) -> QueItem:
-        item = QueItem(msg_id, float(due), fields, next(self._seq))
+        params = param_key(fields, (1, 2, 3, 4))
+        count = fields.get("count", 0)
+        item = QueItem(msg_id, float(due), str(fields.get("dest", "")),
+                       (params[0], params[1], params[2], params[3]),
+                       count if isinstance(count, int) else 0, next(self._seq))
         self.que[msg_id] = item
         self.order.add((item.due, msg_id))
         return item
@@ -51,7 +63,6 @@ class Index:
         item = self.que[msg_id]
         self.order.discard((item.due, msg_id))
         item.due = float(due)
-        item.fields["due"] = due
         self.order.add((item.due, msg_id))
 
     def earliest_due(self) -> float | None:
@@ -89,7 +100,7 @@ class Index:
         dups = []
         for item in self.que.values():
             if item.msg_id != parent_id and item.dup_of is None \
-                    and param_key(item.fields, params) == key:
+                    and item.key(params) == key:
                 item.dup_of = parent_id
                 dups.append(item.msg_id)
         return sorted(dups)

@@ -31,6 +31,7 @@ class Job:
     down_w: int = -1                # queue -> job pipe (our write end)
     buffer: LineBuffer = field(default_factory=LineBuffer)
     status: str | None = None       # live status text
+    status_on_disk: str | None = None  # what the status file holds (skip rewriting it)
     completion: str | None = None   # done, err, relayed, resend
     resend_secs: int = 0
     started_mono: float = 0.0

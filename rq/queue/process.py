@@ -133,6 +133,8 @@ class QueueProcess:
                         timeout = min(timeout, max(0.0, at - mono))
             for at, _ in self.group_kills:
                 timeout = min(timeout, max(0.0, at - mono))
+            if self.stopping and self.group_kills:
+                timeout = min(timeout, 0.1)  # a stop ends as soon as those groups are gone
             if self.stop_kill_at is not None:
                 timeout = min(timeout, max(0.0, self.stop_kill_at - mono))
             if self.unfinished or self.retry_soon:
@@ -307,7 +309,7 @@ class QueueProcess:
         blocked = {job.block_key(params) for job in self.jobs.values()} if params else set()
         picks = []
         for item in self.index.candidates():
-            key = J.param_key(item.fields, params) if params else ()
+            key = item.key(params) if params else ()
             if params and key in blocked:
                 continue
             if item.due > now:
@@ -331,15 +333,24 @@ class QueueProcess:
             return False
         msg_id = item.msg_id
         try:
+            fields = self.store.read_msg(self.store.msg_path("que", msg_id))
+        except ValueError as exc:
+            self.fail_unstarted(item, f"MSG UNREADABLE - MOVING TO ERR - {exc}")
+            return True
+        except OSError as exc:
+            log.error("cannot read que/%s: %s", msg_id, exc)
+            self.retry_soon = True
+            return False
+        try:
             path = self.store.move(msg_id, "que", "run", sync=False)
         except OSError as exc:
             log.error("cannot move que/%s to run: %s", msg_id, exc)
             self.retry_soon = True
             return False
         self.index.remove_que(msg_id)
-        job = J.Job(msg_id, path, item.fields)
-        job.status = self.store.read_status_text(path)
-        job.dups = self.index.attach_dups(msg_id, item.fields, self.cfg.coalesce_params)
+        job = J.Job(msg_id, path, fields)
+        job.status = job.status_on_disk = self.store.read_status_text(path)
+        job.dups = self.index.attach_dups(msg_id, fields, self.cfg.coalesce_params)
         try:
             self.spawn(job, real)
         except OSError as exc:
@@ -351,14 +362,14 @@ class QueueProcess:
             except OSError:
                 log.error("run/%s stays in run until the next start recovers it", msg_id)
                 return False
-            self.index.add_que(msg_id, item.due, item.fields)
+            self.index.add_que(msg_id, item.due, fields)
             return False
         self.jobs[msg_id] = job
         self.by_pid[job.pid] = job
         self.new_pipes.append(job)
         self.loop.wake()
         self.events.log(msg_id, "que", "run", status=job.status,
-                        count=item.fields.get("count"), pid=job.pid)
+                        count=fields.get("count"), pid=job.pid)
         return True
 
     def spawn(self, job: J.Job, real: str) -> None:
@@ -407,9 +418,10 @@ class QueueProcess:
             return
         self.index.remove_que(item.msg_id)
         self.index.counts["err"] += 1
-        self.events.log(item.msg_id, "que", "err", status=text, count=item.fields.get("count"))
-        if item.fields.get("post_run_webhook"):  # it ends in err too (S12.2)
-            self.fire_webhooks(item.msg_id, item.fields, "err")
+        self.events.log(item.msg_id, "que", "err", status=text, count=item.count)
+        fields = _read_json(os.path.join(self.store.msg_path("err", item.msg_id), "msg"))
+        if isinstance(fields, dict) and fields.get("post_run_webhook"):  # err too (S12.2)
+            self.fire_webhooks(item.msg_id, fields, "err")
 
     # ================================================================ pipes (S6.4)
     def register_pipes(self) -> None:
@@ -463,7 +475,7 @@ class QueueProcess:
             self.start_dup(job, parsed)
         elif protocol.is_malformed_dup(parsed):
             self.reply_to_job(job, "fail malformed dup request")
-        self.try_io(lambda: self.store.write_status(job.path, parsed.text))
+        self.write_job_status(job, parsed.text)
 
     def start_dup(self, job: J.Job, parsed: protocol.PipeLine) -> None:
         from rq.queue.dup import make_dup
@@ -557,7 +569,7 @@ class QueueProcess:
         if job.sync_dirs is None:
             for leftover in ("pid", "proc.json"):
                 self.unlink_quiet(os.path.join(path, leftover))
-            if outcome.status is not None:
+            if outcome.status is not None and outcome.status != job.status_on_disk:
                 self.store.write_status(path, outcome.status)
             if state == "que":
                 job.fields["due"] = round(job.exit_wall + (outcome.due_delay or 0), 3)
@@ -590,19 +602,21 @@ class QueueProcess:
             if item is None:
                 continue
             path = self.store.msg_path("que", dup_id)
+            fields: dict[str, Any] = {}
             try:
-                item.fields["dup"] = self.full_id(job.msg_id)
-                self.store.write_msg(path, item.fields, sync=False)
+                fields = self.store.read_msg(path)
+                fields["dup"] = self.full_id(job.msg_id)
+                self.store.write_msg(path, fields, sync=False)
                 self.store.write_status(path, text)
                 self.store.move(dup_id, "que", state)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:
                 log.error("cannot finish dup %s: %s", dup_id, exc)
-                self.index.add_que(dup_id, item.due, item.fields)
+                self.index.add_que(dup_id, item.due, fields or {"dest": item.dest})
                 continue
             self.index.counts[state] += 1
-            self.events.log(dup_id, "que", state, status=text, count=item.fields.get("count"))
-            if item.fields.get("post_run_webhook"):  # a dup ends done/relayed too (S12.2)
-                self.fire_webhooks(dup_id, item.fields, state)
+            self.events.log(dup_id, "que", state, status=text, count=fields.get("count"))
+            if fields.get("post_run_webhook"):  # a dup ends done/relayed too (S12.2)
+                self.fire_webhooks(dup_id, fields, state)
 
     def fire_webhooks(self, msg_id: str, fields: dict[str, Any], state: str) -> None:
         """S12.2 trigger: one `webhook` message per URL, sent from a thread."""
@@ -633,6 +647,13 @@ class QueueProcess:
             self.fs.unlink(path)
         except FileNotFoundError:
             pass
+
+    def write_job_status(self, job: J.Job, text: str) -> None:
+        try:
+            self.store.write_status(job.path, text)
+            job.status_on_disk = text
+        except OSError as exc:
+            log.warning("status update failed: %s", exc)
 
     def try_io(self, fn: Any) -> None:
         try:
