@@ -98,6 +98,7 @@ class QueueProc:
         if self.popen.poll() is None:
             os.killpg(self.popen.pid, signal.SIGKILL)
             self.popen.wait(10)
+        self.log.close()
 
     def counts(self) -> dict[str, int]:
         return self.call("num_messages")

@@ -74,11 +74,34 @@ def job_command(exec_prefix: str, real: str) -> list[str]:
     """argv of the job (S6.1.3)."""
     prefix = exec_prefix.strip()
     if not prefix:
+        problem = interpreter_problem(real)
+        if problem:  # exec would fail: say so in stdio.log and exit 127 (S6.1.5)
+            return ["/bin/sh", "-c", 'printf "RQ EXEC FAILED - %s\\n" "$1"; exit 127',
+                    "rq-exec-failed", problem]
         return [real]
     line = f"{prefix} {real}"
     if any(c in SHELL_CHARS for c in line):
         return ["/bin/sh", "-c", line]
     return line.split()
+
+
+def interpreter_problem(real: str) -> str | None:
+    """Why exec of a `#!` script would fail (a missing or unusable
+    interpreter), or None.  The shell's own message would not be S6.1.5's."""
+    try:
+        with open(real, "rb") as fh:
+            head = fh.read(256)
+    except OSError as exc:
+        return f"{real}: {exc.strerror}"
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].split()
+    if not words:
+        return f"{real}: empty #! line"
+    interp = words[0].decode("utf-8", "replace")
+    if not os.path.isfile(interp) or not os.access(interp, os.X_OK):
+        return f"{real}: interpreter {interp} not found or not executable"
+    return None
 
 
 def base_env(main: MainConfig) -> dict[str, str]:
