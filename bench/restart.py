@@ -105,7 +105,8 @@ def main() -> int:
     print(f"empty queue:  ping after {median([r[0] for r in empty_runs]):.2f} s, "
           f"RSS {median([r[2] for r in empty_runs]):.0f} MB  (interpreter + imports floor)")
     print(f"{args.n} queued:")
-    print(f"  ping answered after        {ping:6.2f} s   runs {fmt_runs([r[0] for r in runs], '{:.2f}')}")
+    ping_runs = fmt_runs([r[0] for r in runs], '{:.2f}')
+    print(f"  ping answered after        {ping:6.2f} s   runs {ping_runs}")
     print(f"  serving again (que == N)   {ready:6.2f} s   (target <= {TARGET_SECONDS:.0f} s: "
           f"{'ok' if ready <= TARGET_SECONDS else 'MISSED'})   "
           f"runs {fmt_runs([r[1] for r in runs], '{:.2f}')}")

@@ -31,7 +31,8 @@ def encode_event(payload: dict[str, Any]) -> bytes:
 
 def decode_line(line: bytes) -> dict[str, Any] | None:
     """The payload of one line, or None when it fails a S13.4 check."""
-    if not line.endswith(b"\n") or not line.startswith(b'{"crc32":"') or line[18:28] != b'","event":':
+    if not line.endswith(b"\n") or not line.startswith(b'{"crc32":"') \
+            or line[18:28] != b'","event":':
         return None
     body = line[28:-2]
     if line[-2:-1] != b"}":

@@ -31,6 +31,10 @@ _RENAME_NOREPLACE = 1
 class FsOps:
     """The real filesystem.  Method names double as the fault-plan op names."""
 
+    def __init__(self) -> None:
+        self._group_cond = threading.Condition()
+        self._groups: dict[str, list[int]] = {}  # path -> [last ticket, synced up to, busy]
+
     def op(self, name: str) -> None:
         """Hook called before each operation; FaultyFsOps raises from here."""
 
@@ -71,6 +75,33 @@ class FsOps:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def fsync_dir_shared(self, path: str) -> None:
+        """fsync a directory, sharing one fsync among concurrent callers (group
+        commit): every caller's change happened before it took its ticket, so an
+        fsync that starts after that ticket makes the change durable.  While one
+        fsync runs, later callers wait for the next one instead of queueing
+        their own."""
+        cond = self._group_cond
+        with cond:
+            state = self._groups.setdefault(path, [0, 0, 0])
+            state[0] += 1
+            ticket = state[0]
+            while state[1] < ticket and state[2]:
+                cond.wait()
+            if state[1] >= ticket:
+                return
+            state[2], target = 1, state[0]
+        try:
+            self.fsync_dir(path)
+        except BaseException:
+            with cond:
+                state[2] = 0
+                cond.notify_all()
+            raise
+        with cond:
+            state[1], state[2] = max(state[1], target), 0
+            cond.notify_all()
 
     def append(self, fd: int, data: bytes) -> None:
         """One write() on an O_APPEND descriptor (S13.1)."""
@@ -157,10 +188,16 @@ class FaultyFsOps(FsOps):
     """
 
     def __init__(self, plan: Mapping[str, Mapping[int, int]], record: str | None = None) -> None:
+        super().__init__()
         self.plan = {k: dict(v) for k, v in plan.items()}
         self.counts: dict[str, int] = {}
         self._lock = threading.Lock()
         self._record = open(record, "a", buffering=1) if record else None
+
+    def close(self) -> None:
+        if self._record is not None:
+            self._record.close()
+            self._record = None
 
     def op(self, name: str) -> None:
         with self._lock:

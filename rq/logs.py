@@ -20,7 +20,8 @@ class _Formatter(logging.Formatter):
         self.role = role
 
     def format(self, record: logging.LogRecord) -> str:
-        when = datetime.fromtimestamp(record.created).astimezone().isoformat(timespec="milliseconds")
+        stamp = datetime.fromtimestamp(record.created).astimezone()
+        when = stamp.isoformat(timespec="milliseconds")
         text = record.getMessage()
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
@@ -29,8 +30,8 @@ class _Formatter(logging.Formatter):
 
 def setup_logging(root: str, role: str, *, stderr: bool = False, level: int = logging.INFO) -> None:
     logger = logging.getLogger()
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
+    for old in list(logger.handlers):
+        logger.removeHandler(old)
     fmt = _Formatter(role)
     os.makedirs(os.path.join(root, "log"), exist_ok=True)
     handler: logging.Handler = logging.handlers.WatchedFileHandler(

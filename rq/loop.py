@@ -63,7 +63,7 @@ def _noop(signum: int, frame: Any) -> None:
 
 
 def _drain(fd: int) -> list[int]:
-    out = []
+    out: list[int] = []
     while True:
         try:
             data = os.read(fd, 512)

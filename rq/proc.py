@@ -139,7 +139,10 @@ def spawn_detached(argv: list[str], *, cwd: str, env: dict[str, str], ready_w: i
 
 
 def signal_group(pgid: int, sig: int) -> bool:
-    """Send `sig` to process group `pgid`; False when no member remains."""
+    """Send `sig` to process group `pgid`; False when no member remains.
+    A pgid of 0 or 1 would mean our own group or every process: refused."""
+    if pgid <= 1:
+        return False
     try:
         os.killpg(pgid, sig)
         return True
@@ -151,6 +154,8 @@ def signal_group(pgid: int, sig: int) -> bool:
 
 def group_alive(pgid: int) -> bool:
     """True while process group `pgid` has a member that is not a zombie."""
+    if pgid <= 1:
+        return False
     try:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
@@ -185,7 +190,7 @@ def alive_with_start(pid: int, start: float | None) -> bool:
 def reap_any() -> list[tuple[int, int, bool]]:
     """Reap every exited child: [(pid, returncode, core_dumped)], returncode as
     subprocess's (negative = killed by that signal)."""
-    done = []
+    done: list[tuple[int, int, bool]] = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)

@@ -165,7 +165,7 @@ class Store:
             fields.setdefault("orig_msg_id", protocol.full_id(base_url, self.name, msg_id))
             self.write_msg(path, fields)
             if sync_prep:
-                self.fs.fsync_dir(prep)
+                self.fs.fsync_dir_shared(prep)
         except BaseException:
             _rmtree_quiet(path)
             raise

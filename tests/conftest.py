@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rqtest import QueueProc, make_root  # noqa: E402
+from rqtest import QueueProc, make_root, write_driver  # noqa: E402
+
+Launch = Callable[..., QueueProc]
 
 
 @pytest.fixture
@@ -25,3 +27,32 @@ def queues() -> Iterator[list[QueueProc]]:
     yield started
     for q in started:
         q.kill()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[QueueProc]]:
+    """Queue processes a test starts; stopped gracefully (S2.5) afterwards, so no job of
+    theirs outlives the test."""
+    started: list[QueueProc] = []
+    yield started
+    for qp in started:
+        qp.stop(20)
+
+
+@pytest.fixture
+def launch(root: Path) -> Iterator[Launch]:
+    """Start queue processes of `root`; stopped gracefully (jobs included) afterwards."""
+    started: list[QueueProc] = []
+
+    def _launch(name: str, env: dict[str, str] | None = None) -> QueueProc:
+        q = QueueProc(root, name, env)
+        started.append(q)
+        return q
+    yield _launch
+    for q in started:
+        q.stop(20)
+
+
+@pytest.fixture
+def driver(tmp_path: Path) -> Path:
+    return write_driver(tmp_path / "driver.py")

@@ -38,16 +38,6 @@ KNOWN_COMMANDS = set(ALWAYS_ANSWERED) | set(MSG_ID_COMMANDS) | {
 
 # ---------------------------------------------------------------- fixtures and helpers
 
-@pytest.fixture
-def procs() -> Iterator[list[QueueProc]]:
-    """Queue processes a test starts; stopped gracefully (S2.5) afterwards, so no job of
-    theirs outlives the test."""
-    started: list[QueueProc] = []
-    yield started
-    for qp in started:
-        qp.stop(20)
-
-
 def start_queue(procs: list[QueueProc], root: Path, name: str = "test",
                 body: str = DONE_SCRIPT, *, paused: bool = False, **cfg: Any) -> QueueProc:
     script = write_script(root.parent / f"{name}.sh", body)

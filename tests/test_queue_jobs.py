@@ -32,23 +32,6 @@ pytestmark = pytest.mark.timeout(60)
 Launch = Callable[..., QueueProc]
 
 
-@pytest.fixture
-def launch(root: Path) -> Iterator[Launch]:
-    """Start queue processes of `root`; stopped gracefully (jobs included) afterwards."""
-    started: list[QueueProc] = []
-
-    def _launch(name: str, env: dict[str, str] | None = None) -> QueueProc:
-        q = QueueProc(root, name, env)
-        started.append(q)
-        return q
-    yield _launch
-    for q in started:
-        q.stop(20)
-
-
-@pytest.fixture
-def driver(tmp_path: Path) -> Path:
-    return write_driver(tmp_path / "driver.py")
 
 
 # ================================================================ S6.1 script check

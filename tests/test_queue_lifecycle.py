@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import pytest
 from rq.store import Store
 from rqtest import (
     REPO, LifelineQueueProc, QueueProc, create_msg, make_queue, msg_events, process_gone, short_id,
-    start_header_pids, wait_file, wait_for, write_driver,
+    start_header_pids, wait_file, wait_for,
 )
 from rqtest import job as ops
 
@@ -33,23 +33,6 @@ SHUTDOWN = "QUEUE SHUTDOWN - MOVING TO QUE"
 RESTARTED = "QUEUE RESTARTED - MOVING TO QUE"
 
 
-@pytest.fixture
-def launch(root: Path) -> Iterator[Launch]:
-    """Start queue processes of `root`; stopped gracefully (jobs included) afterwards."""
-    started: list[QueueProc] = []
-
-    def _launch(name: str, env: dict[str, str] | None = None) -> QueueProc:
-        q = QueueProc(root, name, env)
-        started.append(q)
-        return q
-    yield _launch
-    for q in started:
-        q.stop(20)
-
-
-@pytest.fixture
-def driver(tmp_path: Path) -> Path:
-    return write_driver(tmp_path / "driver.py")
 
 
 def on_disk(root: Path, name: str, full: str) -> dict[str, Any]:

@@ -30,14 +30,6 @@ ID_RE = re.compile(r"^\d{8}\.\d{4}\.\d{2}\.\d{3}\.\d+$")
 FULL_PREFIX = "http://127.0.0.1:3333/q/test/"
 
 
-@pytest.fixture
-def procs() -> Iterator[list[QueueProc]]:
-    started: list[QueueProc] = []
-    yield started
-    for qp in started:
-        qp.stop(20)
-
-
 def start_queue(procs: list[QueueProc], root: Path, name: str = "test",
                 body: str = DONE_SCRIPT, *, paused: bool = False, **cfg: Any) -> QueueProc:
     script = write_script(root.parent / f"{name}.sh", body)

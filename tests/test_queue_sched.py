@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,6 @@ import pytest
 
 from rqtest import (
     QueueProc, create_msg, make_queue, msg_events, short_id, wait_file, wait_final, wait_for,
-    write_driver,
 )
 from rqtest import job as ops
 
@@ -27,23 +26,6 @@ pytestmark = pytest.mark.timeout(60)
 Launch = Callable[..., QueueProc]
 
 
-@pytest.fixture
-def launch(root: Path) -> Iterator[Launch]:
-    """Start queue processes of `root`; stopped gracefully (jobs included) afterwards."""
-    started: list[QueueProc] = []
-
-    def _launch(name: str, env: dict[str, str] | None = None) -> QueueProc:
-        q = QueueProc(root, name, env)
-        started.append(q)
-        return q
-    yield _launch
-    for q in started:
-        q.stop(20)
-
-
-@pytest.fixture
-def driver(tmp_path: Path) -> Path:
-    return write_driver(tmp_path / "driver.py")
 
 
 def blocked(release: Path, order: Path | None = None, text: str = "ok") -> str:

@@ -80,7 +80,7 @@ class Commands:
         return [{"msg_id": i} for i in sorted(self.q.index.prep, reverse=True)[:limit]]
 
     def _list_que(self, limit: int) -> Any:
-        out = []
+        out: list[dict[str, Any]] = []
         with self.q.lock:
             for _, msg_id in self.q.index.order:
                 if len(out) >= limit:
@@ -181,7 +181,7 @@ class Commands:
             q.index.prep.discard(msg_id)
         que_path = q.store.msg_path("que", msg_id)
         try:
-            q.fs.fsync_dir(q.store.state_dir("que"))
+            q.fs.fsync_dir_shared(q.store.state_dir("que"))
             if fields is None:
                 fields = q.store.read_msg(que_path)
         except (OSError, ValueError) as exc:
@@ -379,7 +379,7 @@ def _stored_count(store: Any, path: str) -> int | None:
 
 
 def _take(iterator: Any, limit: int) -> list[str]:
-    out = []
+    out: list[str] = []
     for item in iterator:
         if len(out) >= limit:
             break

@@ -43,6 +43,8 @@ class Job:
     exited: tuple[int, bool] | None = None  # (returncode, core dumped)
     exit_wall: float = 0.0
     dups: list[str] = field(default_factory=list)
+    real: str = ""                  # the script's real path, resolved at start
+    kill_pending: bool = False      # destroy arrived before the spawn
     outcome: Outcome | None = None            # decided at exit (kept for retries)
     sync_dirs: list[str] | None = None        # set once the final rename is done
 
@@ -173,7 +175,8 @@ def decide(job: Job, *, stopping: bool) -> Outcome:
     if code != 0 and job.completion != "err" and not honour:
         completion = job.completion or ""
         return Outcome("err", "PROCESS EXITED IMPROPERLY - MOVING TO ERR - Completion was "
-                       f"{completion} but exit status was {protocol.exit_text(job.pid, code, core)}")
+                       f"{completion} but exit status was "
+                       f"{protocol.exit_text(job.pid, code, core)}")
     if job.completion in ("done", "relayed", "err"):
         return Outcome(job.completion, job.status)
     if job.completion == "resend":

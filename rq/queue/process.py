@@ -52,7 +52,7 @@ class QueueProcess:
         self.jobs: dict[str, J.Job] = {}
         self.by_pid: dict[int, J.Job] = {}
         self.unfinished: list[J.Job] = []     # exited jobs whose finishing hit an IO error
-        self.new_pipes: list[J.Job] = []      # started from request threads, to register
+        self.to_spawn: list[J.Job] = []       # moved into run/, spawned by the loop
         self.group_kills: list[tuple[float, int]] = []
         self.script_error: str | None = None
         self.retry_soon = False                # a start failed on IO: pass again soon
@@ -106,7 +106,7 @@ class QueueProcess:
         if self.stop_requested.is_set() and not self.stopping:
             self.begin_stop()
         with self.lock:
-            self.register_pipes()
+            self.spawn_pending()
             self.reap()
             self.check_deadlines(time.monotonic())
             self.schedule(now)
@@ -137,6 +137,8 @@ class QueueProcess:
                 timeout = min(timeout, 0.1)  # a stop ends as soon as those groups are gone
             if self.stop_kill_at is not None:
                 timeout = min(timeout, max(0.0, self.stop_kill_at - mono))
+            if self.to_spawn:
+                timeout = 0.0
             if self.unfinished or self.retry_soon:
                 self.retry_soon = False
                 timeout = min(timeout, 0.5)
@@ -351,26 +353,48 @@ class QueueProcess:
         job = J.Job(msg_id, path, fields)
         job.status = job.status_on_disk = self.store.read_status_text(path)
         job.dups = self.index.attach_dups(msg_id, fields, self.cfg.coalesce_params)
-        try:
-            self.spawn(job, real)
-        except OSError as exc:
-            log.error("cannot start job for %s: %s", msg_id, exc)
-            self.index.release_dups(job.dups)
-            self.retry_soon = True
-            try:
-                self.store.move(msg_id, "run", "que", sync=False)
-            except OSError:
-                log.error("run/%s stays in run until the next start recovers it", msg_id)
-                return False
-            self.index.add_que(msg_id, item.due, fields)
-            return False
+        job.real = real
         self.jobs[msg_id] = job
-        self.by_pid[job.pid] = job
-        self.new_pipes.append(job)
+        self.to_spawn.append(job)
         self.loop.wake()
-        self.events.log(msg_id, "que", "run", status=job.status,
-                        count=fields.get("count"), pid=job.pid)
         return True
+
+    def spawn_pending(self) -> None:
+        """Spawn the jobs that start_job moved into run/ (S6.1 steps 3-5).  The
+        loop does it, so a request's reply (which S5.1 sends once the message
+        is in run/) never waits for a fork and exec."""
+        pending, self.to_spawn = self.to_spawn, []
+        for job in pending:
+            if job.msg_id not in self.jobs:
+                continue
+            if self.stopping:  # never ran: back to que (S2.5)
+                job.exited, job.exit_wall = (0, False), time.time()
+                self.finish(job)
+                continue
+            try:
+                self.spawn(job, job.real)
+            except OSError as exc:
+                log.error("cannot start job for %s: %s", job.msg_id, exc)
+                self.unspawn(job)
+                continue
+            self.by_pid[job.pid] = job
+            self.loop.add_reader(job.up_r, self.on_pipe)
+            self.events.log(job.msg_id, "que", "run", status=job.status,
+                            count=job.fields.get("count"), pid=job.pid)
+            if job.kill_pending:  # destroyed before it was spawned
+                self.terminate(job, time.monotonic())
+
+    def unspawn(self, job: J.Job) -> None:
+        """A job that could not be spawned goes back to que, to be retried."""
+        self.jobs.pop(job.msg_id, None)
+        self.index.release_dups(job.dups)
+        self.retry_soon = True
+        try:
+            self.store.move(job.msg_id, "run", "que", sync=False)
+        except OSError:
+            log.error("run/%s stays in run until the next start recovers it", job.msg_id)
+            return
+        self.index.add_que(job.msg_id, job.fields.get("due", 0), job.fields)
 
     def spawn(self, job: J.Job, real: str) -> None:
         job_dir = os.path.join(job.path, "job")
@@ -424,12 +448,6 @@ class QueueProcess:
             self.fire_webhooks(item.msg_id, fields, "err")
 
     # ================================================================ pipes (S6.4)
-    def register_pipes(self) -> None:
-        for job in self.new_pipes:
-            if job.up_r >= 0 and job.msg_id in self.jobs:
-                self.loop.add_reader(job.up_r, self.on_pipe)
-        self.new_pipes.clear()
-
     def on_pipe(self, fd: int) -> None:
         with self.lock:
             job = next((j for j in self.jobs.values() if j.up_r == fd), None)
@@ -510,7 +528,7 @@ class QueueProcess:
 
     def check_deadlines(self, mono: float) -> None:
         for job in list(self.jobs.values()):
-            if job.exited is not None:
+            if job.exited is not None or not job.pid:
                 continue
             if job.deadline is not None and mono >= job.deadline and not job.timed_out:
                 job.timed_out = True
@@ -535,6 +553,9 @@ class QueueProcess:
 
     def terminate(self, job: J.Job, mono: float) -> None:
         """SIGTERM the job's group now, SIGKILL after kill_grace (S6.7, S6.8)."""
+        if not job.pid:  # not spawned yet: the loop terminates it right after
+            job.kill_pending = True
+            return
         proc.signal_group(job.pid, signal.SIGTERM)
         job.kill_at = mono + self.cfg.kill_grace
 
@@ -585,8 +606,9 @@ class QueueProcess:
             self.index.counts[state] += 1
         code = job.exited[0] if job.exited else None
         self.events.log(msg_id, "run", state, status=outcome.status, count=job.fields.get("count"),
-                        pid=job.pid, exit_code=code,
-                        duration=max(0.0, job.exit_wall - job.started_wall))
+                        pid=job.pid or None, exit_code=code if job.pid else None,
+                        duration=max(0.0, job.exit_wall - job.started_wall)
+                        if job.started_wall else None)
         self.finish_dups(job, state, finished_dups)
         if state != "que" and job.fields.get("post_run_webhook"):
             self.fire_webhooks(msg_id, job.fields, state)

@@ -1,0 +1,23 @@
+"""House style gates (STYLE.md "Shape"): ruff on the code, mypy on rq/."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from rqtest import REPO
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_ruff_clean() -> None:
+    result = run("ruff", "check", "rq", "tests", "bench", "web")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_clean() -> None:
+    result = run("mypy", "rq")
+    assert result.returncode == 0, result.stdout + result.stderr
