@@ -148,6 +148,7 @@ class MainConfig:
     session_secret: str | None = None
     csrf_trusted_origins: tuple[str, ...] = ()
     event_retention_days: int = 30
+    max_upload_bytes: int = 2 * 1024 ** 3  # (new) web upload limit, 413 above it
 
     @property
     def host_port(self) -> str:
@@ -190,6 +191,7 @@ def load_main_config(root: str) -> MainConfig:
         session_secret=_session_secret(data.get("session_secret")),
         csrf_trusted_origins=_strings(data, "csrf_trusted_origins") or (),
         event_retention_days=_retention(data.get("event_retention_days")),
+        max_upload_bytes=_upload_limit(data.get("max_upload_bytes")),
     )
 
 
@@ -252,6 +254,15 @@ def _session_secret(v: object) -> str | None:
     if not isinstance(v, str):
         raise ConfigError("session_secret must be a string")
     return v
+
+
+def _upload_limit(v: object) -> int:
+    if v is None:
+        return 2 * 1024 ** 3
+    size = _as_int(v)
+    if size is None or size < 1:
+        raise ConfigError("max_upload_bytes must be an integer >= 1")
+    return size
 
 
 def _retention(v: object) -> int:

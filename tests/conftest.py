@@ -56,3 +56,24 @@ def launch(root: Path) -> Iterator[Launch]:
 @pytest.fixture
 def driver(tmp_path: Path) -> Path:
     return write_driver(tmp_path / "driver.py")
+
+
+@pytest.fixture(scope="module")
+def mgr_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A real rq-mgr (queue `test`, allow_new_queue on) shared by a module's tests."""
+    from webtest import Mgr, build_root
+    root = build_root(tmp_path_factory.mktemp("web"))
+    mgr = Mgr(root)
+    yield root
+    mgr.stop()
+
+
+@pytest.fixture
+def app(mgr_root: Path):  # noqa: ANN201 - a flask.Flask
+    from web import create_app
+    return create_app(str(mgr_root))
+
+
+@pytest.fixture
+def client(app):  # noqa: ANN001, ANN201
+    return app.test_client()

@@ -1,0 +1,83 @@
+"""Cross-cutting request checks (SPEC S14.3–S14.6), run before every view.
+
+Owns: the client address filter (prefixes or CIDR networks), HTTP Basic auth
+with constant-time comparison, the CSRF rule for POSTs (Origin /
+Sec-Fetch-Site), and the manager check (503 while rq-mgr does not answer,
+except /metrics).  Order: address, auth, CSRF, manager.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import ipaddress
+from typing import Any
+
+from flask import Flask, current_app, request
+
+from web.errors import fail
+
+
+def client_allowed(addr: str, allowed: tuple[str, ...] | None) -> bool:
+    if not allowed:
+        return True
+    for entry in allowed:
+        if "/" in entry:
+            try:
+                if ipaddress.ip_address(addr) in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                continue
+        elif addr.startswith(entry):
+            return True
+    return False
+
+
+def credentials_ok(header: str | None, users: dict[str, str]) -> bool:
+    if not header or not header.lower().startswith("basic "):
+        return False
+    try:
+        user, _, password = base64.b64decode(header[6:].strip()).decode("utf-8").partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    ok = False
+    for name, secret in users.items():  # compare with every entry: no timing hint
+        same_user = hmac.compare_digest(name.encode(), user.encode())
+        same_pass = hmac.compare_digest(str(secret).encode(), password.encode())
+        ok |= same_user and same_pass
+    return ok
+
+
+def cross_origin_refused(headers: Any, trusted: tuple[str, ...]) -> bool:
+    """S14.5 for one POST."""
+    origin = headers.get("Origin")
+    if origin is not None and origin in trusted:
+        return False
+    site = headers.get("Sec-Fetch-Site")
+    if site is not None:
+        return site not in ("same-origin", "none")
+    if origin is not None:
+        if origin == "null":
+            return True
+        scheme = headers.get("X-Forwarded-Proto") or "http"
+        return origin != f"{scheme}://{headers.get('Host', '')}"
+    return False
+
+
+def install(app: Flask) -> None:
+    @app.before_request
+    def check_request() -> None:
+        main = current_app.config["RQ_MAIN"]
+        if not client_allowed(request.remote_addr or "", main.allowed_ips):
+            fail(403, "Forbidden")
+        auth = main.basic_auth
+        if auth and not credentials_ok(request.headers.get("Authorization"),
+                                       dict(auth.get("users") or {})):
+            realm = str(auth.get("realm") or "RQ").replace('"', "'")
+            fail(401, "Unauthorized", {"WWW-Authenticate": f'Basic realm="{realm}"'})
+        if request.method == "POST" and \
+                cross_origin_refused(request.headers, tuple(main.csrf_trusted_origins)):
+            fail(403, "Cross-origin request refused")
+        if request.path != "/metrics" and request.endpoint != "static" \
+                and not current_app.config["RQ_BACKEND"].mgr_alive():
+            fail(503, "QueueMgr not running")
