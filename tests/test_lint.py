@@ -14,7 +14,8 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_ruff_clean() -> None:
-    result = run("ruff", "check", "rq", "tests", "bench", "web")
+    dirs = [d for d in ("rq", "tests", "bench", "web") if (REPO / d).is_dir()]
+    result = run("ruff", "check", *dirs)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
