@@ -12,7 +12,9 @@ ignored by validation, S3.3): `"test_behaviour"`:
 * `slowstop`: exit only on a second SIGTERM.
 
 `"test_stop_delay"` (seconds) delays the exit after a stop.  Every event is
-appended to `queue/NAME/trace` as `<event> <pid>`.
+appended to `queue/NAME/trace` as `<event> <pid>`.  The same program stands
+in for the singleton services (the web server): `--kind web` keeps its files
+in `services/web/` and its optional config there, `services/web/config.json`.
 
 `python tests/test_mgr_support.py manager ROOT POLICY_JSON` runs the real
 manager (`rq.mgr.daemon.run_daemon`) with those stand-ins as its children and
@@ -209,7 +211,11 @@ def _parse(argv: list[str]) -> dict[str, str]:
 def child_main(argv: list[str]) -> int:
     opts = _parse(argv)
     root, name = opts["root"], opts["name"]
-    qdir = os.path.join(root, "queue", name)
+    if opts.get("kind", "queue") == "queue":
+        qdir = os.path.join(root, "queue", name)
+    else:
+        qdir = os.path.join(root, "services", name)
+        os.makedirs(qdir, exist_ok=True)
     lifeline, ready = int(opts["lifeline-fd"]), int(opts["ready-fd"])
     pid = os.getpid()
 
@@ -218,8 +224,13 @@ def child_main(argv: list[str]) -> int:
         os.write(fd, f"{event} {pid}\n".encode())
         os.close(fd)
 
-    with open(os.path.join(qdir, "config.json")) as f:
-        config = json.load(f)
+    try:
+        with open(os.path.join(qdir, "config.json")) as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        if opts.get("kind", "queue") == "queue":
+            raise
+        config = {}
     behaviour = config.get("test_behaviour", "ok")
     stop_delay = float(config.get("test_stop_delay", 0))
     note("start")
@@ -273,7 +284,7 @@ def manager_main(argv: list[str]) -> int:
     root, policy = argv[0], Policy(**json.loads(argv[1]))
 
     def argv_for(kind: str, name: str) -> list[str]:
-        return [sys.executable, HERE, "child", "--root", root, "--name", name]
+        return [sys.executable, HERE, "child", "--root", root, "--name", name, "--kind", kind]
 
     return run_daemon(root, stderr_log=True, argv_for=argv_for, policy=policy)
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from rqtest import REPO, free_port, make_queue, make_root, write_script
 
-DONE_SCRIPT = '#!/bin/sh\necho "run working"  >&3\necho "hello from $RQ_MSG_ID"\necho "done ok" >&3\n'
+DONE_SCRIPT = ('#!/bin/sh\necho "run working"  >&3\necho "hello from $RQ_MSG_ID"\n'
+               'echo "done ok" >&3\n')
 
 
 def rq_mgr(root: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:

@@ -36,6 +36,7 @@ def create_app(root: str | None = None, *, main: MainConfig | None = None,
         RQ_VERSION=__version__,
         SECRET_KEY=main.session_secret or secrets.token_hex(32),
         MAX_CONTENT_LENGTH=main.max_upload_bytes,
+        MAX_FORM_MEMORY_SIZE=64 * 1024 * 1024,  # a form field may hold a >= 1 MiB message (S4.4)
         SESSION_COOKIE_NAME="rq_session",
         SESSION_COOKIE_SAMESITE="Lax",
         JSON_SORT_KEYS=False,

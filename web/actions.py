@@ -1,5 +1,433 @@
-"""Placeholder: routes of this blueprint are being written (see docs/DESIGN.md, Web)."""
+"""Every POST route of the web server (SPEC S15 routes 3–5, 12–14, 19–22, 27).
 
-from flask import Blueprint
+Owns: turning a form, multipart upload or JSON body into one manager command
+(create, link, delete, admin flags, restart) or one queue command (create,
+commit, delete, destroy, run, clone, attach), then answering with the reply as
+JSON, or with a flash and a 303 redirect (S14.9, S14.10).  It never changes a
+file itself: an upload is only spooled to `tmpdir` for the queue process to
+link, and removed afterwards.  Names are checked before any path is built, so
+no request reaches outside the root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO, Any
+from urllib.parse import quote
+
+from flask import (Blueprint, Response, current_app, flash, jsonify, redirect,
+                   render_template_string, request)
+from markupsafe import Markup
+from werkzeug.datastructures import FileStorage
+from werkzeug.urls import iri_to_uri
+
+from rq import protocol
+from rq.errors import ConnectError
+from web.backend import Backend
+from web.errors import RQHTTPError, fail
+from web.forms import nested
 
 bp = Blueprint("actions", __name__)
+
+DOWN = "Service Unavailable - Operationally Down"
+MGR_FLASH = Markup("We got <code>{}</code> from form, and <code>{}</code> from QueueMgr")
+MAX_FIELD_BYTES = protocol.MAX_FRAME  # a message (>= 1 MiB, S4.4) may be one multipart field
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+ATTACH_TIMEOUT = 600.0  # the queue copies an upload that is on another filesystem (S4.8)
+ADMIN_OPS = (("pause", "paused"), ("resume", "resumed"), ("down", "downed"), ("up", "upped"))
+OPTIONAL_QUEUE_KEYS = ("num_workers", "timeout", "kill_grace", "mode", "topic", "lease_timeout")
+MESSAGE_COMMANDS = {"commit": "create_message", "prep": "prep_message",
+                    "single_que": "single_que"}
+# route 27: _method -> (queue command, flash on success, flash prefix on failure,
+#                       success goes to the queue page rather than the message page)
+MESSAGE_ACTIONS = {
+    "delete": ("delete_message", "Message deleted successfully", "Delete got", True),
+    "destroy": ("destroy_message", "Message destroyed successfully", "destroy got", True),
+    "commit": ("commit_message", "Message committed successfully", "Commit got", False),
+}
+CREATED_PAGE = """{% extends "layout.html" %}
+{% block title %}New message{% endblock %}
+{% block body %}
+<h2>New message for queue {{ name }}</h2>
+{% if link %}<p>Created message <a href="{{ link }}">{{ reply[1] }}</a></p>
+{% else %}<p class="error">Error creating message: {{ reason }}</p>{% endif %}
+<p>Reply: <code>{{ reply_json }}</code></p>
+<p><a href="{{ queue_link }}">Back to queue {{ name }}</a></p>
+{% endblock %}
+"""
+
+
+@bp.before_request
+def allow_large_fields() -> None:
+    request.max_form_memory_size = MAX_FIELD_BYTES
+
+
+# ---------------------------------------------------------------- queues (manager commands)
+
+
+@bp.post("/new_queue")
+def new_queue() -> Any:
+    require_queue_creation()
+    fields = {k: v for k, v in nested(request.values, "queue").items()
+              if not (k in OPTIONAL_QUEUE_KEYS and v == "")}  # a blank form field = default
+    reply = ask_mgr("create_queue", fields, raw=False)
+    if wants_reply():
+        return jsonify(reply)
+    flash_mgr(fields, reply)
+    return redirect(page_url("q", text_or_empty(fields.get("name"))), 303)
+
+
+@bp.post("/new_queue_link")
+def new_queue_link() -> Any:
+    require_queue_creation()
+    form = nested(request.values, "queue")
+    path = text_or_empty(form.get("json_path"))
+    config = read_json_file(path)
+    if not isinstance(config, dict):
+        fail(404, f"Couldn't parse json file ({path}).")
+    reply = ask_mgr("create_queue_link", path)
+    if wants_reply():
+        return jsonify(reply)
+    flash_mgr(form, reply)
+    return redirect(page_url("q", text_or_empty(config.get("name"))), 303)
+
+
+@bp.post("/delete_queue")
+def delete_queue() -> Any:
+    name = request.values.get("queue_name", "")
+    reply = ask_mgr("delete_queue", name)
+    if wants_reply():
+        return jsonify(reply)
+    flash_mgr({"queue_name": name}, reply)
+    return redirect(page_url(), 303)
+
+
+@bp.post("/q/<name>/adminoper")
+def adminoper(name: str) -> Any:
+    require_queue(name)
+    op = next((op for op in ADMIN_OPS if op[0] in request.values), None)
+    if op is None:
+        fail(400, "Invalid admin operation")
+    verb, done = op
+    reply = ask_mgr(f"{verb}_queue", name)
+    if wants_reply():
+        return jsonify(reply)
+    if not is_ok(reply):
+        fail(500, f"Couldn't {verb} queue. {protocol.dumps(reply)}.")
+    flash(f"Successfully {done} queue {name}")
+    return redirect(back_or(page_url("q", name)), 303)
+
+
+@bp.post("/q/<name>/restart")
+def restart(name: str) -> Any:
+    require_queue(name)
+    reply = ask_mgr("restart_queue", name)
+    if wants_reply():
+        return jsonify(reply)
+    if not is_ok(reply):
+        fail(500, f"Couldn't restart queue. {protocol.dumps(reply)}.")
+    flash(f"Successfully restarted queue {name}")
+    return redirect(back_or(page_url("q", name)), 303)
+
+
+# ---------------------------------------------------------------- messages (queue commands)
+
+
+@bp.post("/q/<name>/new_message")
+def new_message(name: str) -> Any:
+    as_json = request.mimetype == "application/json" or request.values.get("x_format") != "html"
+    try:
+        require_queue(name)
+        fields = message_input(as_json)
+        method = fields.pop("_method", "commit")
+        command = MESSAGE_COMMANDS.get(method) if isinstance(method, str) else None
+        if command is None:
+            fail(400, "Invalid method param")
+        reply = ask_queue(name, command, fields)
+    except RQHTTPError as exc:  # forms (a) and (b) are JSON even without x_format=json
+        if not as_json:
+            raise
+        return json_error(exc)
+    return jsonify(reply) if as_json else message_created(name, reply)
+
+
+@bp.post("/q/<name>/<msg_id>/clone")
+def clone(name: str, msg_id: str) -> Any:
+    require_message(name, msg_id)
+    reply = ask_queue(name, "clone_message", {"msg_id": msg_id})
+    if wants_reply():
+        return jsonify(reply)
+    if not is_ok(reply):
+        fail(500, f"Couldn't clone message. {protocol.dumps(reply)}.")
+    flash("Message cloned successfully")
+    return redirect(page_url("q", name), 303)
+
+
+@bp.post("/q/<name>/<msg_id>/run_now")
+def run_now(name: str, msg_id: str) -> Any:
+    require_message(name, msg_id)
+    return run_message(name, msg_id)
+
+
+@bp.post("/q/<name>/<msg_id>/attach/new")
+def attach_new(name: str, msg_id: str) -> Any:
+    with spooled_uploads(upload_dir()) as spooled:
+        require_message(name, msg_id)
+        upload = filedata()
+        pathname = spooled_path(upload, spooled)
+        arg = {"msg_id": msg_id, "pathname": pathname,
+               "name": posixpath.basename(upload.filename or "")}
+        reply = ask_queue(name, "attach_message", arg, timeout=ATTACH_TIMEOUT)
+    if wants_reply():
+        return jsonify(reply)
+    if not is_ok(reply):
+        return plain_text(f"Commit {name}/{msg_id} got {protocol.dumps(reply)}")
+    flash("Attached message successfully")
+    return redirect(page_url("q", name, msg_id), 303)
+
+
+@bp.post("/q/<name>/<msg_id>/attach/<attname>")
+def attach_delete(name: str, msg_id: str, attname: str) -> Any:
+    require_message(name, msg_id)
+    if not attname or attname.startswith(".") or "/" in attname:
+        fail(404, f"Message ID attachment '{attname}' not found")
+    if request.values.get("_method") != "delete":
+        fail(400, "Invalid method param")
+    arg = {"msg_id": msg_id, "attachment_name": attname}
+    reply = ask_queue(name, "delete_attach_message", arg)
+    if wants_reply():
+        return jsonify(reply)
+    if not is_ok(reply):
+        return plain_text(f"Delete of attach {attname} on {name}/{msg_id} got "
+                          f"{protocol.dumps(reply)}")
+    flash("Attachment deleted successfully")
+    return redirect(page_url("q", name, msg_id), 303)
+
+
+@bp.post("/q/<name>/<msg_id>")
+def message_action(name: str, msg_id: str) -> Any:
+    require_message(name, msg_id)
+    method = request.values.get("_method")
+    if method == "run_now":
+        return run_message(name, msg_id)
+    if method not in MESSAGE_ACTIONS:
+        fail(400, "Invalid method param")
+    command, done, failed, to_queue = MESSAGE_ACTIONS[method]
+    reply = ask_queue(name, command, {"msg_id": msg_id})
+    if wants_reply():
+        return jsonify(reply)
+    if not is_ok(reply):
+        flash(f"{failed} {protocol.dumps(reply)}", "error")
+        return redirect(page_url("q", name, msg_id), 303)
+    flash(done)
+    return redirect(page_url("q", name) if to_queue else page_url("q", name, msg_id), 303)
+
+
+def run_message(name: str, msg_id: str) -> Any:
+    """Route 20, also route 27 with `_method=run_now`."""
+    reply = ask_queue(name, "run_message", {"msg_id": msg_id})
+    if wants_reply():
+        return jsonify(reply)
+    if not is_ok(reply):
+        fail(500, f"Couldn't run message. {protocol.dumps(reply)}.")
+    flash("Message in run successfully")
+    return redirect(page_url("q", name, msg_id), 303)
+
+
+def message_input(as_json: bool) -> dict[str, Any]:
+    """Route 12's message: (a) a JSON body, (b) `mesg=<JSON>`, (c) `mesg[...]` fields."""
+    if request.mimetype == "application/json":
+        raw: Any = request.get_data()
+    else:
+        form = nested(request.values, "mesg")
+        raw = request.values.get("mesg")
+        if form or (raw is None and not as_json):
+            return form
+    try:
+        data = json.loads(raw, parse_constant=reject_constant)
+    except (TypeError, ValueError, RecursionError):
+        fail(400, "Invalid JSON")
+    if not isinstance(data, dict):
+        fail(400, "Invalid JSON")
+    return data
+
+
+def message_created(name: str, reply: Any) -> Any:
+    """Form (c): flash and go `back`, or a page with the reply and a link to the message."""
+    reason = reply[1] if isinstance(reply, list) and len(reply) > 1 else protocol.dumps(reply)
+    back = safe_back()
+    if back is not None:
+        flash(f"Created message {reason}" if is_ok(reply) else f"Error creating message: {reason}")
+        return redirect(back, 303)
+    link = page_url("q", name, str(reason).rsplit("/", 1)[-1]) if is_ok(reply) else None
+    return render_template_string(CREATED_PAGE, name=name, reply=reply, reason=reason,
+                                  link=link, reply_json=protocol.dumps(reply),
+                                  queue_link=page_url("q", name))
+
+
+# ---------------------------------------------------------------- uploads (route 21)
+
+
+@contextmanager
+def spooled_uploads(directory: str) -> Iterator[list[tuple[IO[bytes], str]]]:
+    """Make the form parser write every uploaded file straight into `directory`
+    (the main config's tmpdir: a large upload never lands in the system temp
+    dir first) and remove every such file on the way out, whatever happened."""
+    spooled: list[tuple[IO[bytes], str]] = []
+
+    def new_file(total_content_length: int | None, content_type: str | None,
+                 filename: str | None, content_length: int | None = None) -> IO[bytes]:
+        fd, path = tempfile.mkstemp(dir=directory, prefix="rq-upload-")
+        stream = os.fdopen(fd, "w+b")
+        spooled.append((stream, path))
+        return stream
+
+    request._get_file_stream = new_file  # type: ignore[method-assign, assignment]
+    try:
+        request.files  # parse the body now, inside the cleanup below
+        yield spooled
+    finally:
+        for _, path in spooled:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def spooled_path(upload: FileStorage, spooled: list[tuple[IO[bytes], str]]) -> str:
+    """The file holding the upload; copied into the spool when an earlier
+    reader of the form had it parsed somewhere else."""
+    for stream, path in spooled:
+        if stream is upload.stream:
+            stream.flush()
+            return path
+    fd, path = tempfile.mkstemp(dir=upload_dir(), prefix="rq-upload-")
+    with os.fdopen(fd, "wb") as out:
+        spooled.append((out, path))
+        upload.save(out)
+    return path
+
+
+def filedata() -> FileStorage:
+    upload = request.files.get("filedata")
+    if upload is None:
+        fail(404, "Wrong input type for filedata param" if "filedata" in request.form
+             else "Missing required param filedata")
+    if not posixpath.basename(upload.filename or ""):
+        fail(404, "Missing filename of uploaded file in filedata param")
+    return upload
+
+
+def upload_dir() -> str:
+    return os.path.abspath(current_app.config["RQ_MAIN"].tmpdir or tempfile.gettempdir())
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def backend() -> Backend:
+    return current_app.config["RQ_BACKEND"]  # type: ignore[no-any-return]
+
+
+def require_queue_creation() -> None:
+    if not current_app.config["RQ_MAIN"].allow_new_queue:
+        fail(403, "Queue creation not allowed at this time.")
+
+
+def require_queue(name: str) -> None:
+    if not backend().queue_exists(name):  # checks the name before building a path
+        fail(404, "Queue not found")
+
+
+def require_message(name: str, msg_id: str) -> None:
+    require_queue(name)
+    if not protocol.valid_msg_id(msg_id):
+        fail(404, "Message ID not found")
+
+
+def ask_mgr(cmd: str, arg: Any, *, raw: bool = True) -> Any:
+    reply = backend().mgr(cmd, arg, raw=raw)
+    if reply is None:
+        fail(503, "QueueMgr not running")
+    return reply
+
+
+def ask_queue(name: str, cmd: str, arg: Any, timeout: float = 60.0) -> Any:
+    """The queue's reply to a message command; 503 while the queue is DOWN
+    (its flag file, S3.5, or its own answer) or when its process does not answer."""
+    if os.path.lexists(os.path.join(backend().root, "config", f"{name}.down")):
+        fail(503, DOWN)
+    try:
+        reply = backend().queue(name, cmd, arg, timeout=timeout)
+    except ConnectError:
+        fail(503, "Queue not running")
+    if reply == ["fail", "status: DOWN"]:
+        fail(503, DOWN)
+    return reply
+
+
+def read_json_file(path: str) -> Any:
+    """The JSON in a regular file (absolute, or relative to the root), or None."""
+    full = os.path.join(backend().root, path)
+    if not path or not os.path.isfile(full):  # no FIFOs or devices: they could block
+        return None
+    try:
+        with open(full, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        return None if len(data) > MAX_CONFIG_BYTES else json.loads(data)
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def flash_mgr(form: Any, reply: Any) -> None:
+    flash(MGR_FLASH.format(protocol.dumps(form), protocol.dumps(reply)))
+
+
+def is_ok(reply: Any) -> bool:
+    return isinstance(reply, list) and reply[:1] == ["ok"]
+
+
+def wants_reply() -> bool:
+    return request.values.get("x_format") == "json"
+
+
+def json_error(exc: RQHTTPError) -> Response:
+    resp = jsonify(["fail", exc.text])
+    resp.status_code = exc.code or 500
+    return resp
+
+
+def plain_text(text: str) -> Response:
+    return Response(text, mimetype="text/plain")
+
+
+def text_or_empty(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not plain JSON")  # S0.3.5: no NaN/Infinity
+
+
+def page_url(*parts: str) -> str:
+    """Absolute URL of ROOT + the parts, each URL-encoded (ROOT is in SCRIPT_NAME)."""
+    return request.url_root + "/".join(quote(part, safe="") for part in parts)
+
+
+def safe_back() -> str | None:
+    """`back` as an absolute URL when it is a path on this server (S14.10)."""
+    back = request.values.get("back")
+    if not back or not back.startswith("/") or back.startswith("//"):
+        return None
+    if "\\" in back or not back.isprintable():  # browsers read "/\host" as "//host"
+        return None
+    return request.host_url.rstrip("/") + iri_to_uri(back)
+
+
+def back_or(default: str) -> str:
+    return safe_back() or default

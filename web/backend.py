@@ -6,18 +6,21 @@ store directly and asks the owning process for every change).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from rq import client, protocol
 from rq.errors import ConnectError
 from rq.store import Store
 
+PING_TTL = 1.0
 BUILTIN = ("cleaner", "relay", "rq_router", "webhook")  # S3.8, listed after the others
 
 
 class Backend:
     def __init__(self, root: str) -> None:
         self.root = root
+        self._alive_until = 0.0
 
     def mgr(self, cmd: str, arg: Any = None, *, raw: bool = False,
             timeout: float = 30.0) -> Any:
@@ -28,7 +31,15 @@ class Backend:
             return None
 
     def mgr_alive(self) -> bool:
-        return self.mgr("ping", timeout=5.0) == ["pong"]
+        """Whether rq-mgr answers `ping` (S14.6).  A positive answer is trusted
+        for PING_TTL seconds, so a busy API does not ping once per request; a
+        negative one is never cached, so recovery shows at once."""
+        now = time.monotonic()
+        if now < self._alive_until:
+            return True
+        alive = self.mgr("ping", timeout=5.0) == ["pong"]
+        self._alive_until = now + PING_TTL if alive else 0.0
+        return alive
 
     def queue(self, name: str, cmd: str, arg: Any = None, timeout: float = 60.0) -> Any:
         """The queue's reply; raises ConnectError when its process does not answer."""

@@ -4,9 +4,10 @@ Owns: the `State` enum, the one `transition()` that moves a child between
 states (and rejects moves the supervisor must never make), the restart
 policy (backoff min(2^(n-1), 30) s, n reset after 60 s of running, FATAL
 after 10 consecutive failures) and the child side of the ready pipe
-(`ready` -> RUNNING, `fatal <reason>` -> FATAL).  It only records: it never
-spawns, signals or reads a pipe (the supervisor does that through rq.proc) so
-every rule here can be tested with plain numbers for `now`.
+(`ready` -> RUNNING, `fatal <reason>` -> FATAL, or one failed start for a
+child with `retry_fatal`).  It only records: it never spawns, signals or
+reads a pipe (the supervisor does that through rq.proc) so every rule here
+can be tested with plain numbers for `now`.
 
 `now` is always `time.monotonic()`; `since` (shown by `status`, S7.2) is
 wall-clock epoch seconds.
@@ -91,6 +92,11 @@ class Child:
     after_stop: str = "forget"
     hup_pending: bool = False   # a reload came while it was STARTING
     spawns: int = 0
+    # False: `fatal` on the ready pipe is FATAL at once (a config that can never
+    # work).  True: it is one failed start, with backoff (the web server once
+    # up: its port may be free again soon).
+    retry_fatal: bool = False
+    fatal_reason: str | None = None  # a `fatal` line of this spawn, when retried
     _ready_buf: bytes = b""
 
     @property
@@ -119,7 +125,7 @@ class Child:
 
     def spawned(self, daemon: Daemon, now: float) -> None:
         self.daemon, self._ready_buf, self.hup_pending = daemon, b"", False
-        self.killed = False
+        self.killed, self.fatal_reason = False, None
         if self.spawns:
             self.restarts += 1
         self.spawns += 1
@@ -138,6 +144,9 @@ class Child:
         word, _, reason = line.partition(" ")
         if word == "ready":
             self.transition(State.RUNNING, now)
+        elif word == "fatal" and self.retry_fatal:
+            self.fatal_reason = reason or "fatal start-up error"
+            log.warning("%s: %s", self.label, self.fatal_reason)  # its exit is the failure
         elif word == "fatal":
             self.transition(State.FATAL, now, error=reason or "fatal start-up error")
         elif line:
@@ -145,8 +154,8 @@ class Child:
 
     def exited(self, returncode: int, now: float, policy: Policy) -> None:
         """Record the exit of the child's process and pick the next state."""
-        text = describe_exit(returncode)
-        self.daemon = None
+        text = self.fatal_reason or describe_exit(returncode)
+        self.daemon, self.fatal_reason = None, None
         if self.state is State.STOPPING:
             self.transition(State.STOPPED, now)
         elif self.state is State.FATAL:

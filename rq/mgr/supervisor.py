@@ -1,11 +1,13 @@
 """The supervisor: the `rq-mgr` daemon's Manager (SPEC S2.1-S2.5).
 
 Owns: the pid file and the manager socket of a root, the table of supervised
-children (one queue process per queue directory now; the web server, scandir
-and timers are one line each in DAEMON_MODULES / SERVICES later), the main
-loop, signals (SIGTERM/SIGINT graceful stop, SIGHUP reload), reaping,
-restarts with backoff, graceful stop with a SIGKILL deadline, and the queue
-directory operations that need a stopped queue (delete to trash).
+children (one queue process per queue directory, and the singleton services
+of DAEMON_MODULES / SERVICES: the web server now, scandir and timers later),
+the start-up order (the web server first: a `fatal` line from it, i.e. it
+cannot listen, fails start-up, S2.2 step 4), the main loop, signals
+(SIGTERM/SIGINT graceful stop, SIGHUP reload), reaping, restarts with
+backoff, graceful stop with a SIGKILL deadline, and the queue directory
+operations that need a stopped queue (delete to trash).
 
 All of the children table is touched by the loop thread only.  Socket
 threads (rq.mgr.commands) hand work to the loop with `call_in_loop`, which
@@ -19,7 +21,9 @@ import functools
 import logging
 import os
 import queue
+import select
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -43,10 +47,14 @@ log = logging.getLogger(__name__)
 # kind -> module run as `python -m MODULE --root ROOT [--name NAME]`.
 DAEMON_MODULES: dict[str, str] = {
     "queue": "rq.queue",
+    "web": "web",
 }
-# Singleton daemons, started after the queues and stopped after them (S2.2,
-# S2.5).  Adding one: its module above and its kind here, e.g. "scandir".
-SERVICES: tuple[str, ...] = ()
+# Singleton daemons, stopped after the queues (S2.5).  Adding one: its module
+# above and its kind here, e.g. "scandir".  The web server is started before
+# the queues and waited for (S2.2 step 4); the others after them (step 6).
+SERVICES: tuple[str, ...] = ("web",)
+WEB = "web"
+WEB_START_TIMEOUT = 15.0  # then start-up goes on with the web still STARTING
 STATUS_SERVICES = ("web", "scandir", "timers")  # keys of the S7.2 status reply
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1)
@@ -115,12 +123,57 @@ class Manager:
             raise RQError(
                 f"ERROR: cannot bind config/queuemgr.sock: {exc.strerror or exc}") from exc
         log.info("rq-mgr started, pid %d, root %s", os.getpid(), self.root)
+        self.ready_deadline = time.monotonic() + READY_CAP  # the web's wait counts too
+        if WEB in SERVICES:
+            self.start_web()
         now = time.monotonic()
-        self.ready_deadline = now + READY_CAP
         for name in self.scan_queues():
             self.add_child("queue", name, now)
         for kind in SERVICES:
-            self.add_child(kind, kind, now)
+            if kind != WEB:
+                self.add_child(kind, kind, now)
+
+    def start_web(self) -> None:
+        """S2.2 step 4: start the web server and wait for its ready line.  A
+        `fatal` line (it cannot listen on addr:port) fails start-up: the pid
+        and socket files go and the line is raised for `rq-mgr start` to
+        print.  A crash before `ready` is only a BACKOFF (S2.3)."""
+        child = self.add_child(WEB, WEB, time.monotonic())
+        deadline = time.monotonic() + WEB_START_TIMEOUT
+        while child.state is State.STARTING and time.monotonic() < deadline:
+            daemon = child.daemon
+            assert daemon is not None
+            if daemon.ready_r >= 0:
+                # Only the ready pipe: signals wait in the loop's wakeup fd.
+                select.select([daemon.ready_r], [], [], 0.1)
+                self.read_ready(child, daemon.ready_r)
+            else:
+                time.sleep(0.02)  # EOF without a line: it is exiting, reap it
+            self.reap(time.monotonic())
+        if child.state is State.FATAL:
+            self.abort_start(child)
+        if child.state is State.STARTING:
+            log.warning("web: not ready after %g s, starting the queues anyway",
+                        WEB_START_TIMEOUT)
+        # From now on a web server that cannot listen (its port taken while
+        # it was down) backs off and retries like any other failed start.
+        child.retry_fatal = True
+
+    def abort_start(self, web: Child) -> None:
+        line = web.error or "ERROR: the web server could not start"
+        if web.daemon is not None:  # it exits 2 after its fatal line; make sure
+            try:
+                web.daemon.popen.wait(5)
+            except subprocess.TimeoutExpired:
+                self.signal_child(web, signal.SIGKILL)
+                web.daemon.popen.wait()
+        self.close_ready(web)
+        self.close_lifeline(web)
+        self.children.clear()
+        if self.server is not None:
+            self.server.close()  # also removes the socket file
+        pidfile.remove_pid(self.root, os.getpid())
+        raise RQError(line)
 
     def claim_pid_file(self) -> None:
         pid = pidfile.read_pid(self.root)

@@ -1,0 +1,235 @@
+"""The `rq-web` daemon: `python -m web --root ROOT [--lifeline-fd F --ready-fd F]`
+(SPEC S2.1, S2.2 step 4, S14.1), a program you can run by hand and that rq-mgr
+supervises.
+
+Owns: binding `addr:port` (before `ready` is written, so the manager's start
+returns only once the dashboard answers), serving `create_app(root)` with
+waitress, the process title `[rq-web]`, logging to log/queuemgr.log (role
+`rq-web`; the access log comes from web.wsgi.AccessLog), and the child side of
+supervision: `ready` / `fatal ERROR: cannot listen on <addr>:<port>: <reason>`
+(exit 2) on the ready pipe, stop on SIGTERM/SIGINT or on EOF of the lifeline
+(the manager died, S2.1 fix).
+
+Threads: waitress's own select loop runs in a thread of its own and hands each
+request to a pool of THREADS workers, so a log stream (S17.2) or a long poll
+(S8.2) holds one worker and never blocks other clients (S14.1).  The main
+thread runs rq.loop.Loop: signal handlers only wake it (STYLE habit 4).
+Waitress flushes every chunk an app yields at once (its `send_bytes` is 1),
+and answers `Expect: 100-continue` with an interim `100 Continue` as soon as
+the headers are parsed, before the body is read; other `Expect` values get 417
+from web.wsgi.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+import setproctitle
+import waitress
+from waitress.server import BaseWSGIServer
+
+from rq.config import MainConfig, load_main_config
+from rq.errors import ConfigError
+from rq.logs import setup_logging
+from rq.loop import Loop
+
+log = logging.getLogger("rq.web")
+
+THREADS = 64               # workers: each open stream or long poll holds one
+CONNECTION_LIMIT = 1000    # open connections (idle keep-alives included)
+STOP_GRACE = 2.0           # seconds requests in flight get once we stop
+UPLOAD_MARGIN = 1 << 20    # multipart framing on top of max_upload_bytes
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m web")
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--lifeline-fd", type=int)
+    parser.add_argument("--ready-fd", type=int)
+    parser.add_argument("--threads", type=int, default=THREADS)
+    args = parser.parse_args(argv)
+    root = os.path.abspath(args.root)
+    for fd in (args.lifeline_fd, args.ready_fd):  # passed to us inheritable; keep them ours
+        if fd is not None:
+            os.set_inheritable(fd, False)
+    ready = ReadyPipe(args.ready_fd)
+    try:
+        os.chdir(root)
+        setup_logging(root, "rq-web", stderr=args.ready_fd is None)
+    except OSError as exc:
+        return ready.fatal(f"ERROR: cannot open log/queuemgr.log: {exc.strerror or exc}")
+    setproctitle.setproctitle("[rq-web]")
+    try:
+        config = load_main_config(root)
+    except ConfigError as exc:
+        return ready.fatal(f"ERROR: bad config file config/config.json: {exc}")
+    try:
+        sock = listen_socket(config.addr, config.port)
+    except OSError as exc:
+        return ready.fatal(f"ERROR: cannot listen on {config.addr}:{config.port}: "
+                           f"{exc.strerror or exc}")
+    try:
+        server = make_server(root, config, sock, args.threads)
+    except Exception:  # a broken app is a crash: BACKOFF and retry, not FATAL
+        log.exception("rq-web cannot build the application")
+        sock.close()
+        return 1
+    return WebDaemon(server, args.lifeline_fd, ready).run()
+
+
+class ReadyPipe:
+    """The write end of the supervisor's ready pipe: one line, then closed."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    def send(self, line: str) -> None:
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        try:
+            os.write(fd, line.encode("utf-8", "replace") + b"\n")
+        except OSError:
+            pass  # the manager is gone; the lifeline tells us too
+        finally:
+            os.close(fd)
+
+    def fatal(self, line: str) -> int:
+        """A start-up error that retrying cannot fix: FATAL at the manager (S2.3)."""
+        log.error("cannot start: %s", line.removeprefix("ERROR: "))
+        if self.fd is None:
+            print(line, file=sys.stderr)
+        self.send(f"fatal {line}")
+        return 2
+
+
+def listen_socket(addr: str, port: int) -> socket.socket:
+    """A bound, listening TCP socket on `addr:port` (raises OSError).
+
+    Bound here rather than by waitress so that the error text is ours and so
+    that `ready` is written only once clients can connect."""
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(
+        addr, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        # A restart must not wait for TIME_WAIT connections of our predecessor;
+        # Linux still refuses the port while anyone else listens on it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(sockaddr)
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
+
+
+def make_server(root: str, config: MainConfig, sock: socket.socket,
+                threads: int) -> BaseWSGIServer:
+    from web import create_app
+    app = create_app(root, main=config)
+    server: Any = waitress.create_server(
+        app, sockets=[sock], threads=threads, connection_limit=CONNECTION_LIMIT,
+        # S14.5 reads X-Forwarded-Proto itself: waitress must pass it through.
+        clear_untrusted_proxy_headers=False,
+        max_request_body_size=config.max_upload_bytes + UPLOAD_MARGIN,
+        asyncore_use_poll=True,  # select() stops at fd 1024
+        # Keep reading while a request runs, so a stream (S17.2) sees its
+        # client leave (environ["waitress.client_disconnected"]) at once.
+        channel_request_lookahead=1,
+        log_socket_errors=False,  # a browser closing a stream is no error
+        ident="rq-web",
+    )
+    return server  # one socket given: a single TcpWSGIServer
+
+
+class WebDaemon:
+    """The main thread: wait for a stop request while waitress serves."""
+
+    def __init__(self, server: BaseWSGIServer, lifeline_fd: int | None,
+                 ready: ReadyPipe) -> None:
+        self.server = server
+        self.lifeline_fd = lifeline_fd
+        self.ready = ready
+        # SIGHUP and SIGUSR1 must not kill us (an admin may signal every rq process):
+        # nothing to reload, and the WatchedFileHandler reopens a rotated log by itself.
+        self.loop = Loop((*STOP_SIGNALS, signal.SIGHUP, signal.SIGUSR1))
+        self.stopping = False
+        self.server_done = threading.Event()
+
+    def run(self) -> int:
+        if self.lifeline_fd is not None:
+            self.loop.add_reader(self.lifeline_fd, self.on_lifeline)
+        thread = threading.Thread(target=self.serve, name="rq-web-server", daemon=True)
+        thread.start()
+        host, port = self.server.effective_host, self.server.effective_port
+        log.info("rq-web serving on %s:%s, pid %d", host, port, os.getpid())
+        self.ready.send("ready")
+        while not self.stopping and not self.server_done.is_set():
+            for sig in self.loop.wait(None):
+                self.handle_signal(sig)
+        if not self.stopping:  # the server loop ended by itself: let supervision restart us
+            log.error("rq-web server loop ended unexpectedly")
+            return 1
+        self.shutdown()
+        log.info("rq-web stopped")
+        return 0
+
+    def serve(self) -> None:
+        try:
+            self.server.run()
+        except Exception:
+            log.exception("rq-web server loop crashed")
+        finally:
+            self.server_done.set()
+            self.loop.wake()
+
+    def handle_signal(self, sig: int) -> None:
+        if sig in STOP_SIGNALS:
+            log.info("rq-web: %s, stopping", signal.Signals(sig).name)
+            self.stopping = True
+
+    def on_lifeline(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            data = b""
+        if not data:  # the manager is gone (S2.1)
+            self.loop.remove_reader(fd)
+            os.close(fd)
+            self.lifeline_fd = None
+            log.info("rq-web: manager gone, stopping")
+            self.stopping = True
+
+    def shutdown(self) -> None:
+        """Stop accepting, give requests in flight STOP_GRACE seconds, then close
+        every connection, which ends the streams and long polls still running
+        (they check `waitress.client_disconnected`).  Sockets are closed in
+        waitress's own thread: its socket map is not thread-safe."""
+        from waitress import wasyncore
+        listener = self.server
+        workers = listener.task_dispatcher
+        # dispatcher.close, not server.close: the trigger must stay open, since
+        # worker threads still pull it when they finish a response.
+        listener.trigger.pull_trigger(lambda: wasyncore.dispatcher.close(listener))
+        workers.shutdown(cancel_pending=True, timeout=STOP_GRACE)
+        if workers.threads:
+            def close_connections() -> None:
+                for channel in list(listener.active_channels.values()):
+                    channel.handle_close()
+            listener.trigger.pull_trigger(close_connections)
+            workers.shutdown(cancel_pending=True, timeout=STOP_GRACE)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
