@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import random
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -111,8 +112,8 @@ class Store:
             return out
         for name in names:
             full = os.path.join(adir, name)
-            if name.startswith(".") or name.endswith(".tmp") or not os.path.isfile(full):
-                continue
+            if name.startswith(".") or name.endswith(".tmp") or not _regular(full):
+                continue  # never follow a symlink planted in attach/ out of the message
             try:
                 md5, size = md5_file(full)
             except OSError:
@@ -245,7 +246,7 @@ class Store:
         self.fs.mkdir(ddir)
         for name in sorted(os.listdir(sdir)):
             full = os.path.join(sdir, name)
-            if not name.startswith(".") and not name.endswith(".tmp") and os.path.isfile(full):
+            if not name.startswith(".") and not name.endswith(".tmp") and _regular(full):
                 self.fs.link_or_copy(full, os.path.join(ddir, name))
         self.fs.fsync_dir(ddir)
 
@@ -269,6 +270,14 @@ def check_attachment_name(name: str) -> None:
         raise Fail(f"Attachment name as a dot-file not allowed: {name}")
     if any(c in BAD_ATTACH_CHARS for c in name) or "\0" in name:
         raise Fail(f"Attachment name has invalid character. not allowed: {name}")
+
+
+def _regular(path: str) -> bool:
+    """A regular file, not a symlink to one (lstat)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _sorted_dirs(path: str, reverse: bool) -> list[str]:

@@ -36,7 +36,11 @@ def wants_json() -> bool:
     path = request.path
     if path.endswith(".json") or path == "/search" or path.startswith("/consumer/"):
         return True
-    if request.values.get("x_format") == "json":
+    try:
+        fmt = request.values.get("x_format")
+    except HTTPException:  # the body itself was refused (e.g. 413): use the query only
+        fmt = request.args.get("x_format")
+    if fmt == "json":
         return True
     return bool(request.mimetype == "application/json")
 

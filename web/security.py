@@ -67,6 +67,8 @@ def cross_origin_refused(headers: Any, trusted: tuple[str, ...]) -> bool:
 def install(app: Flask) -> None:
     @app.before_request
     def check_request() -> None:
+        if request.method == "OPTIONS":  # S14.1: only GET, HEAD and POST
+            fail(405, "Method Not Allowed", {"Allow": "GET, HEAD, POST"})
         main = current_app.config["RQ_MAIN"]
         if not client_allowed(request.remote_addr or "", main.allowed_ips):
             fail(403, "Forbidden")

@@ -9,6 +9,7 @@ so the queue process's loop never blocks on it.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from typing import Any
 
@@ -40,7 +41,8 @@ def make_dup(main: MainConfig, own: str, fields: dict[str, Any], path: str,
         return f"fail couldn't connect to queue - {name}"
     attach_dir = os.path.join(path, "attach")
     names = sorted(n for n in os.listdir(attach_dir) if not n.startswith(".")
-                   and not n.endswith(".tmp")) if os.path.isdir(attach_dir) else []
+                   and not n.endswith(".tmp") and _regular(os.path.join(attach_dir, n))
+                   ) if os.path.isdir(attach_dir) else []
     try:
         if not names:
             return _reply(client.call_queue(main.root, name, "create_message", copy), "")
@@ -65,6 +67,14 @@ def _with_attachments(main: MainConfig, name: str, copy: dict, attach_dir: str,
     if not _ok(r):
         return _reply(r, "commit fail ")
     return f"ok {full}"
+
+
+def _regular(path: str) -> bool:
+    """Only regular files are copied, never a symlink a job planted in attach/."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _ok(reply: Any) -> bool:
