@@ -69,6 +69,34 @@ def spawn_daemon(argv: list[str], *, cwd: str, env: dict[str, str]) -> Daemon:
     return Daemon(popen.pid, popen, life_w, ready_r)
 
 
+class ReadyPipe:
+    """Child side of the ready pipe: one line (`ready` or `fatal <reason>`),
+    then closed.  A parent that stopped waiting is not an error."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    def send(self, line: str) -> None:
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        try:
+            os.write(fd, line.encode("utf-8", "replace") + b"\n")
+        except OSError:
+            pass  # the parent gave up waiting or is gone; the lifeline tells us too
+        finally:
+            os.close(fd)
+
+
+def lifeline_closed(fd: int) -> bool:
+    """Read the lifeline after the loop saw it readable: True at EOF (the
+    supervisor is gone, S2.1).  The caller unregisters and closes it."""
+    try:
+        return not os.read(fd, 64)
+    except OSError:
+        return True
+
+
 def python_argv(module: str) -> list[str]:
     """argv that runs `python -m module` under the current interpreter."""
     return [sys.executable, "-m", module]

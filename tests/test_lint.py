@@ -1,4 +1,4 @@
-"""House style gates (STYLE.md "Shape"): ruff on the code, mypy on rq/."""
+"""House style gates (STYLE.md "Shape"): ruff on the code, mypy on rq/ and web/."""
 
 from __future__ import annotations
 
@@ -20,5 +20,5 @@ def test_ruff_clean() -> None:
 
 
 def test_mypy_clean() -> None:
-    result = run("mypy", "rq")
+    result = run("mypy", "rq", "web")
     assert result.returncode == 0, result.stdout + result.stderr

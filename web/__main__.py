@@ -39,6 +39,7 @@ from rq.config import MainConfig, load_main_config
 from rq.errors import ConfigError
 from rq.logs import setup_logging
 from rq.loop import Loop
+from rq.proc import ReadyPipe, lifeline_closed
 
 log = logging.getLogger("rq.web")
 
@@ -65,16 +66,16 @@ def main(argv: list[str] | None = None) -> int:
         os.chdir(root)
         setup_logging(root, "rq-web", stderr=args.ready_fd is None)
     except OSError as exc:
-        return ready.fatal(f"ERROR: cannot open log/queuemgr.log: {exc.strerror or exc}")
+        return report_fatal(ready, f"ERROR: cannot open log/queuemgr.log: {exc.strerror or exc}")
     setproctitle.setproctitle("[rq-web]")
     try:
         config = load_main_config(root)
     except ConfigError as exc:
-        return ready.fatal(f"ERROR: bad config file config/config.json: {exc}")
+        return report_fatal(ready, f"ERROR: bad config file config/config.json: {exc}")
     try:
         sock = listen_socket(config.addr, config.port)
     except OSError as exc:
-        return ready.fatal(f"ERROR: cannot listen on {config.addr}:{config.port}: "
+        return report_fatal(ready, f"ERROR: cannot listen on {config.addr}:{config.port}: "
                            f"{exc.strerror or exc}")
     try:
         server = make_server(root, config, sock, args.threads)
@@ -85,30 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     return WebDaemon(server, args.lifeline_fd, ready).run()
 
 
-class ReadyPipe:
-    """The write end of the supervisor's ready pipe: one line, then closed."""
-
-    def __init__(self, fd: int | None) -> None:
-        self.fd = fd
-
-    def send(self, line: str) -> None:
-        if self.fd is None:
-            return
-        fd, self.fd = self.fd, None
-        try:
-            os.write(fd, line.encode("utf-8", "replace") + b"\n")
-        except OSError:
-            pass  # the manager is gone; the lifeline tells us too
-        finally:
-            os.close(fd)
-
-    def fatal(self, line: str) -> int:
-        """A start-up error that retrying cannot fix: FATAL at the manager (S2.3)."""
-        log.error("cannot start: %s", line.removeprefix("ERROR: "))
-        if self.fd is None:
-            print(line, file=sys.stderr)
-        self.send(f"fatal {line}")
-        return 2
+def report_fatal(ready: ReadyPipe, line: str) -> int:
+    """A start-up error that retrying cannot fix: FATAL at the manager (S2.3)."""
+    log.error("cannot start: %s", line.removeprefix("ERROR: "))
+    if ready.fd is None:
+        print(line, file=sys.stderr)
+    ready.send(f"fatal {line}")
+    return 2
 
 
 def listen_socket(addr: str, port: int) -> socket.socket:
@@ -200,11 +184,7 @@ class WebDaemon:
             self.stopping = True
 
     def on_lifeline(self, fd: int) -> None:
-        try:
-            data = os.read(fd, 64)
-        except OSError:
-            data = b""
-        if not data:  # the manager is gone (S2.1)
+        if lifeline_closed(fd):  # the manager is gone (S2.1)
             self.loop.remove_reader(fd)
             os.close(fd)
             self.lifeline_fd = None

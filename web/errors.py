@@ -68,7 +68,7 @@ def install(app: Flask) -> None:
     @app.errorhandler(HTTPException)
     def handle(exc: HTTPException) -> Any:
         if isinstance(exc, RQHTTPError):
-            return render_error(exc.code, exc.text, exc.extra_headers)
+            return render_error(exc.code or 500, exc.text, exc.extra_headers)
         code = exc.code or 500
         resp = render_error(code, DEFAULT_TEXT.get(code, exc.name))
         if code == 405 and exc.get_response().headers.get("Allow"):

@@ -24,26 +24,9 @@ from rq.logs import setup_logging
 from rq.mgr import pidfile
 from rq.mgr.children import Policy
 from rq.mgr.supervisor import ArgvBuilder, Manager, child_env
+from rq.proc import ReadyPipe
 
 log = logging.getLogger(__name__)
-
-
-class ReadyPipe:
-    """The write end of `rq-mgr start`'s ready pipe; one line, then closed."""
-
-    def __init__(self, fd: int | None) -> None:
-        self.fd = fd
-
-    def send(self, line: str) -> None:
-        if self.fd is None:
-            return
-        fd, self.fd = self.fd, None
-        try:
-            os.write(fd, line.encode("utf-8", "replace") + b"\n")
-        except OSError:
-            pass  # `rq-mgr start` gave up waiting; nothing to tell
-        finally:
-            os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -165,13 +165,7 @@ class QueueProcess:
             pass
 
     def signal_ready(self, line: str) -> None:
-        if self.ready_fd is None:
-            return
-        try:
-            os.write(self.ready_fd, (line + "\n").encode())
-            os.close(self.ready_fd)
-        except OSError:
-            pass
+        proc.ReadyPipe(self.ready_fd).send(line)
         self.ready_fd = None
 
     # ================================================================ signals and stop
@@ -182,11 +176,7 @@ class QueueProcess:
             self.reload_config()
 
     def on_lifeline(self, fd: int) -> None:
-        try:
-            data = os.read(fd, 64)
-        except OSError:
-            data = b""
-        if not data:  # the manager is gone (S2.1)
+        if proc.lifeline_closed(fd):  # the manager is gone (S2.1)
             self.loop.remove_reader(fd)
             os.close(fd)
             self.lifeline_fd = None
