@@ -41,3 +41,21 @@ def test_job_starts_with_default_signal_dispositions(root: Path, tmp_path: Path,
     mask = int(q.message(full)["status"].split("SigIgn:")[1], 16)
     assert not mask & (1 << (13 - 1)), "SIGPIPE ignored"     # SIGPIPE = 13
     assert not mask & (1 << (25 - 1)), "SIGXFSZ ignored"     # SIGXFSZ = 25
+
+
+def test_s6_1_job_log_exists_when_the_reply_says_run(root: Path, tmp_path: Path,
+                                                     queues: list[QueueProc]) -> None:
+    """S5.1 + S6.1 step 2: once create_message replies, the message is in run with
+    its job/ directory and stdio.log in place, so its log can be followed at once."""
+    gate = tmp_path / "gate"
+    script = write_script(tmp_path / "hold.sh",
+                          f'#!/bin/sh\nwhile [ ! -e "{gate}" ]; do sleep 0.05; done\n'
+                          'echo "done ok" >&3\n')
+    make_queue(root, "h", script=script)
+    q = QueueProc(root, "h")
+    queues.append(q)
+    full = q.call("create_message", {"dest": "h"})[1]
+    msg_id = full.rsplit("/", 1)[1]
+    assert (root / "queue" / "h" / "run" / msg_id / "job" / "stdio.log").is_file()
+    gate.touch()
+    q.wait_state(full, "done")

@@ -345,9 +345,24 @@ class QueueProcess:
         job.dups = self.index.attach_dups(msg_id, fields, self.cfg.coalesce_params)
         job.real = real
         self.jobs[msg_id] = job
+        try:
+            self.prepare_job_dir(job)
+        except OSError as exc:
+            log.error("cannot prepare run/%s/job: %s", msg_id, exc)
+            self.unspawn(job)
+            return False
         self.to_spawn.append(job)
         self.loop.wake()
         return True
+
+    def prepare_job_dir(self, job: J.Job) -> None:
+        """Create job/ and job/stdio.log before the reply (S6.1 step 2), so a
+        client that follows the log of a message it just saw in run finds it."""
+        job_dir = os.path.join(job.path, "job")
+        if not os.path.isdir(job_dir):
+            self.fs.mkdir(job_dir)
+        log_path = os.path.join(job_dir, "stdio.log")
+        os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644))
 
     def spawn_pending(self) -> None:
         """Spawn the jobs that start_job moved into run/ (S6.1 steps 3-5).  The
@@ -388,8 +403,6 @@ class QueueProcess:
 
     def spawn(self, job: J.Job, real: str) -> None:
         job_dir = os.path.join(job.path, "job")
-        if not os.path.isdir(job_dir):
-            self.fs.mkdir(job_dir)
         env = J.job_env(self.base_env, self.main, self.cfg, real, job.fields, job.msg_id, job_dir)
         cmd = J.job_command(self.cfg.exec_prefix, real)
         up_w, up_r, down_w, down_r = proc.job_pipes()
