@@ -529,7 +529,8 @@ def test_stream_follows_a_running_job_to_done(client: Any, queues: Path) -> None
     msg_id = short_id(reply[1])
     wait_for(lambda: state_of(queues, "hold", msg_id) == "run", 20, what="run")
     log = msg_dir(queues, "hold", msg_id) / "job" / "stdio.log"
-    wait_for(log.exists, what="stdio.log")
+    # stdio.log exists from the reply on (S6.1 step 2); wait for the job's header in it
+    wait_for(lambda: log.exists() and b"RQ START" in log.read_bytes(), what="RQ START header")
     with stream(client, f"/q/hold/{msg_id}/logstream/stdio.log") as events:
         header = log.read_bytes()
         assert events.log_text(len(header))[0] == header.decode()
