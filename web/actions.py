@@ -114,24 +114,23 @@ def adminoper(name: str) -> Any:
     if op is None:
         fail(400, "Invalid admin operation")
     verb, done = op
-    reply = ask_mgr(f"{verb}_queue", name)
-    if wants_reply():
-        return jsonify(reply)
-    if not is_ok(reply):
-        fail(500, f"Couldn't {verb} queue. {protocol.dumps(reply)}.")
-    flash(f"Successfully {done} queue {name}")
-    return redirect(back_or(page_url("q", name)), 303)
+    return manager_action(name, f"{verb}_queue", verb, done)
 
 
 @bp.post("/q/<name>/restart")
 def restart(name: str) -> Any:
     require_queue(name)
-    reply = ask_mgr("restart_queue", name)
+    return manager_action(name, "restart_queue", "restart", "restarted")
+
+
+def manager_action(name: str, cmd: str, verb: str, done: str) -> Any:
+    """Routes 13 and 14: one manager command, then the reply, a 500 or a flash + 303."""
+    reply = ask_mgr(cmd, name)
     if wants_reply():
         return jsonify(reply)
     if not is_ok(reply):
-        fail(500, f"Couldn't restart queue. {protocol.dumps(reply)}.")
-    flash(f"Successfully restarted queue {name}")
+        fail(500, f"Couldn't {verb} queue. {protocol.dumps(reply)}.")
+    flash(f"Successfully {done} queue {name}")
     return redirect(back_or(page_url("q", name)), 303)
 
 
