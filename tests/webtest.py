@@ -34,3 +34,37 @@ def build_root(base: Path, **main: object) -> Path:
     script = write_script(base / "done.sh", DONE_SCRIPT)
     make_queue(root, "test", script=script)
     return root
+
+
+# ---------------------------------------------------------------- builtin queues, mgr with env
+# (added for the relay/webhook tests, S12)
+
+
+def install_builtin(root: Path, name: str, **overrides: object) -> Path:
+    """The builtin queue `name` (S12) in a test root, configured as rq-install does (S20),
+    with config keys replaced by `overrides` (e.g. num_workers)."""
+    import json
+
+    from rq.install import STATE_DIRS, builtin_queue_config
+    qdir = root / "queue" / name
+    for state in STATE_DIRS:
+        (qdir / state).mkdir(parents=True, exist_ok=True)
+    (qdir / "config.json").write_text(json.dumps({**builtin_queue_config(name), **overrides}))
+    return qdir
+
+
+class EnvMgr(Mgr):
+    """Mgr started with extra environment variables (S6.2: jobs inherit the manager's
+    environment), e.g. HTTP_PROXY for the relay's fault proxy; None removes a variable."""
+
+    def __init__(self, root: Path, env: dict[str, str | None]) -> None:
+        import os
+        self.root = root
+        full = dict(os.environ)
+        for key, value in env.items():
+            full.pop(key, None)
+            if value is not None:
+                full[key] = value
+        result = subprocess.run([str(REPO / "bin" / "rq-mgr"), "--root", str(root), "start"],
+                                capture_output=True, text=True, timeout=90, env=full)
+        assert result.returncode == 0, result.stderr
