@@ -1,9 +1,10 @@
 """`rq-install`: turn a directory into an RQ root (SPEC S20).
 
 Owns the first-time layout of a root (S1.3): `config/config.json`, the spool directories and the
-builtin queues `relay`, `webhook` and `cleaner` (S3.8, S12).  It only writes files: it starts no
-process (fix: the original forked throwaway queue processes), so it is safe to run while nothing
-else of RQ exists yet.  It depends on nothing of rq but `errors`, so it works from any checkout.
+builtin queues `relay`, `webhook`, `cleaner` (S3.8, S12) and `analytics` (issue 5).  It only
+writes files: it starts no process (fix: the original forked throwaway queue processes), so it
+is safe to run while nothing else of RQ exists yet.  It depends on nothing of rq but `errors`, so
+it works from any checkout.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from rq.errors import UsageError
 
 PROG = "rq-install"
-BUILTIN_QUEUES = ("relay", "webhook", "cleaner")
+BUILTIN_QUEUES = ("relay", "webhook", "cleaner", "analytics")  # analytics: issue 5
 STATE_DIRS = ("prep", "que", "run", "done", "relayed", "err")
 ROOT_DIRS = ("config", "queue", "scandir", "timers", "log", os.path.join("log", "events"))
 VALUE_FLAGS = ("env", "host", "port", "addr", "tmpdir", "root")

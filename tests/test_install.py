@@ -15,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RQ_INSTALL = REPO / "bin" / "rq-install"
-BUILTINS = ("relay", "webhook", "cleaner")
+BUILTINS = ("relay", "webhook", "cleaner", "analytics")
 STATES = ("prep", "que", "run", "done", "relayed", "err")
 QUEUE_KEYS = ["name", "script", "num_workers", "exec_prefix", "env_vars", "coalesce_params",
               "blocking_params", "schedule", "timeout", "kill_grace", "mode", "topic",

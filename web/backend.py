@@ -14,7 +14,7 @@ from rq.errors import ConnectError
 from rq.store import Store
 
 PING_TTL = 1.0
-BUILTIN = ("cleaner", "relay", "rq_router", "webhook")  # S3.8, listed after the others
+BUILTIN = ("analytics", "cleaner", "relay", "rq_router", "webhook")  # S3.8, listed after the others
 
 
 class Backend:

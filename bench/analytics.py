@@ -1,0 +1,240 @@
+"""Benchmark of the analytics job (issue 5): N synthetic S13 events, Spark vs one Python pass.
+
+Generates `--events` (10 M) events over `--queues` (100) queues and `--days` (30) days as real
+event-log files (`log/events/YYYYMMDD/QUEUE.jsonl`, lines written by rq.events.encode_event's
+format), runs the whole job (JVM start, read, check, aggregate, write, publish) on `--master`
+(local[2]) and, in the same run, a single-process baseline: a plain Python pass over the same
+files that checks every line (rq.events.decode_line: layout, CRC-32, JSON) and computes the same
+per-queue counts of messages by final state.  The two sets of counts must agree.  Printed: time of
+each part, events/s, and the ratio.  Target: 10 M events in <= 120 s end to end on 2 cores.
+
+The generated data is kept for the next run under --tmpdir (about 2.5 GB for 10 M events; reuse
+saves a minute or two of generation); --clean removes it after the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import time
+import zlib
+from collections import Counter
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.common import DEFAULT_TMPDIR, machine_line  # noqa: E402
+from rq.events import decode_line  # noqa: E402
+
+START = 1_767_225_600  # 2026-01-01T00:00:00Z
+DAY = 86400
+ERRORS = ("boom", "exit 3", "timeout upstream", "disk full", "bad input")
+# (weight, lifecycle): each lifecycle is the list of (from, to, status) after creation
+LIFECYCLES: list[tuple[int, list[tuple[str, str, str | None]]]] = [
+    (80, [("que", "run", None), ("run", "done", "ok")]),
+    (9, [("que", "run", None), ("run", "que", "try later"), ("que", "run", None),
+         ("run", "done", "ok")]),
+    (7, [("que", "run", None), ("run", "err", "*")]),
+    (2, [("que", "run", None), ("run", "que", "QUEUE RESTARTED - MOVING TO QUE"),
+         ("que", "run", None), ("run", "done", "ok")]),
+    (1, [("que", "run", None), ("run", "que", "LEASE EXPIRED - MOVING TO QUE"),
+         ("que", "run", None), ("run", "relayed", "http://h/q/x/1")]),
+    (1, [("que", "deleted", None)]),
+]
+WEIGHTS = [w for w, _ in LIFECYCLES]
+MEAN_EVENTS = sum(w * (2 + len(lc)) for w, lc in LIFECYCLES) / sum(WEIGHTS)
+
+
+def line(ts: float, queue: str, msg: str, frm: str | None, to: str, status: str | None,
+         duration: float | None) -> bytes:
+    """One S13.2 line; the payload is what protocol.dumps would write for these values."""
+    f = "null" if frm is None else f'"{frm}"'
+    st = "null" if status is None else json.dumps(status)
+    du = "null" if duration is None else repr(round(duration, 3))
+    body = (f'{{"ts":{ts!r},"host":"bench","queue":"{queue}","msg_id":"{msg}","from":{f},'
+            f'"to":"{to}","status":{st},"count":0,"pid":null,"exit_code":null,'
+            f'"duration":{du}}}').encode()
+    return b'{"crc32":"%08x","event":' % zlib.crc32(body) + body + b"}\n"
+
+
+def gen_queue(args: tuple[str, int, int, int, int]) -> tuple[str, int, Counter[str]]:
+    """Write every event of one queue; return (queue, events, count by final state)."""
+    events_dir, qi, n_msgs, days, seed = args
+    rng = random.Random(seed * 1000 + qi)
+    queue = f"q{qi:03d}"
+    out: list[tuple[float, bytes]] = []
+    finals: Counter[str] = Counter()
+    span = days * DAY
+    for i in range(n_msgs):
+        t = START + rng.random() * span
+        msg = f"m{i}"
+        life = rng.choices(LIFECYCLES, WEIGHTS)[0][1]
+        t = round(t, 3)
+        out.append((t, line(t, queue, msg, None, "prep", None, None)))
+        out.append((t, line(t, queue, msg, "prep", "que", None, None)))
+        started = t
+        for frm, to, status in life:
+            if frm == "que":
+                t = round(t + rng.expovariate(1 / 5.0), 3)
+                started = t
+                out.append((t, line(t, queue, msg, frm, to, status, None)))
+                continue
+            t = round(t + rng.lognormvariate(0, 1.2), 3)
+            if status == "*":
+                status = rng.choice(ERRORS)
+            out.append((t, line(t, queue, msg, frm, to, status, t - started)))
+        last_to = life[-1][1]
+        finals[last_to if last_to != "que" else "unfinished"] += 1
+    out.sort(key=lambda e: e[0])
+    current, fh = "", None
+    for ts, data in out:
+        day = time.strftime("%Y%m%d", time.gmtime(ts))
+        if day != current:
+            if fh:
+                fh.close()
+            os.makedirs(os.path.join(events_dir, day), exist_ok=True)
+            fh = open(os.path.join(events_dir, day, queue + ".jsonl"), "ab")
+            current = day
+        assert fh is not None
+        fh.write(data)
+    if fh:
+        fh.close()
+    return queue, len(out), finals
+
+
+def generate(data: Path, events: int, queues: int, days: int, seed: int) -> dict[str, Any]:
+    marker = data / "generated.json"
+    if marker.exists():
+        return json.loads(marker.read_text())
+    shutil.rmtree(data, ignore_errors=True)
+    events_dir = data / "log" / "events"
+    events_dir.mkdir(parents=True)
+    per_queue = max(1, round(events / MEAN_EVENTS / queues))
+    t = time.monotonic()
+    with Pool(os.cpu_count() or 2) as pool:
+        done = pool.map(gen_queue, [(str(events_dir), q, per_queue, days, seed)
+                                    for q in range(queues)])
+    info = {"events": sum(n for _, n, _ in done), "messages": per_queue * queues,
+            "queues": queues, "days": days, "seed": seed,
+            "seconds": round(time.monotonic() - t, 1)}
+    marker.write_text(json.dumps(info))
+    return info
+
+
+def baseline(data: Path) -> tuple[float, dict[str, Counter[str]], int]:
+    """One Python process: decode every line (S13.4 checks) and count messages per queue by
+    final state (the last done/err/relayed, else deleted; unfinished otherwise)."""
+    t = time.monotonic()
+    last: dict[tuple[str, str], tuple[float, str]] = {}
+    finals = ("done", "err", "relayed")
+    valid = 0  # the per-message rule of rq.analytics.transform.message_table
+    base = data / "log" / "events"
+    for day in sorted(os.listdir(base)):
+        for name in sorted(os.listdir(base / day)):
+            with open(base / day / name, "rb") as fh:
+                for raw in fh:
+                    ev = decode_line(raw)
+                    if ev is None:
+                        continue
+                    valid += 1
+                    key = (ev["queue"], ev["msg_id"])
+                    prev = last.get(key)
+                    to = ev["to"]
+                    if prev is None or (_rank(to), ev["ts"]) >= (_rank(prev[1]), prev[0]):
+                        last[key] = (ev["ts"], to)
+    counts: dict[str, Counter[str]] = {}
+    for (queue, _), (_, to) in last.items():
+        state = to if to in (*finals, "deleted") else "unfinished"
+        counts.setdefault(queue, Counter())[state] += 1
+    return time.monotonic() - t, counts, valid
+
+
+def _rank(to: str) -> int:
+    return 2 if to in ("done", "err", "relayed") else 1 if to == "deleted" else 0
+
+
+def spark_run(data: Path, out: Path, master: str) -> tuple[float, float, dict[str, Any], int]:
+    from rq.analytics import job, session
+    t = time.monotonic()
+    with session.spark_session(master, {}, log_path=str(out.parent / "spark.log")) as spark:
+        up = time.monotonic() - t
+        _, result = job.run(spark, job.Options(inputs=(str(data),), output=str(out),
+                                               master=master))
+        hwm = jvm_hwm_kib(spark)
+    return up, time.monotonic() - t, result, hwm
+
+
+def jvm_hwm_kib(spark: Any) -> int:
+    try:
+        pid = spark.sparkContext._gateway.proc.pid
+        with open(f"/proc/{pid}/status") as f:
+            for ln in f:
+                if ln.startswith("VmHWM:"):
+                    return int(ln.split()[1])
+    except (OSError, AttributeError):
+        pass
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=10_000_000)
+    ap.add_argument("--queues", type=int, default=100)
+    ap.add_argument("--days", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--tmpdir", default=os.environ.get("RQ_BENCH_TMPDIR", DEFAULT_TMPDIR))
+    ap.add_argument("--clean", action="store_true", help="remove the generated data afterwards")
+    ap.add_argument("--no-baseline", action="store_true")
+    args = ap.parse_args()
+    print(machine_line())
+    data = Path(args.tmpdir) / (f"rq-bench-analytics-{args.events}-{args.queues}q-"
+                                f"{args.days}d-s{args.seed}")
+    info = generate(data, args.events, args.queues, args.days, args.seed)
+    size = sum(f.stat().st_size for f in (data / "log" / "events").rglob("*.jsonl"))
+    print(f"data: {info['events']:,} events, {info['messages']:,} messages, {info['queues']} "
+          f"queues, {info['days']} days, {size / 1e9:.2f} GB in {data} "
+          f"(generated in {info['seconds']} s)")
+    out = data.parent / (data.name + "-out")
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        up, total, result, hwm = spark_run(data, out, args.master)
+        events = result["total"]["events"]
+        print(f"spark {args.master}: {total:.1f} s end to end (session {up:.1f} s, job "
+              f"{result['duration_s']:.1f} s), {events / total:,.0f} events/s, "
+              f"JVM peak RSS {hwm / 1024:.0f} MiB; target <= 120 s: "
+              f"{'met' if total <= 120 else 'NOT met'}")
+        print("  job stages (s): " + ", ".join(f"{k} {v:.1f}"
+                                              for k, v in result["stages_s"].items()))
+        if not args.no_baseline:
+            secs, counts, valid = baseline(data)
+            print(f"baseline (one Python process, decode_line + per-queue counts): {secs:.1f} s, "
+                  f"{valid / secs:,.0f} events/s; spark/baseline time ratio "
+                  f"{total / secs:.2f} (spark {secs / total:.2f}x as fast)")
+            agree = all(
+                {s: q["finished"][s] for s in ("done", "err", "relayed", "deleted")}
+                | {"unfinished": q["unfinished"]}
+                == {s: counts.get(name, Counter())[s]
+                    for s in ("done", "err", "relayed", "deleted", "unfinished")}
+                for name, q in result["queues"].items()) and len(counts) == len(
+                result["queues"]) and valid == result["lines"]["valid"]
+            print(f"per-queue counts agree: {agree}")
+            if not agree:
+                return 1
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+        if args.clean:
+            shutil.rmtree(data, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""The analytics job (issue 5): options, then extract → transform → load for one run.
+
+Owns the order of the Spark actions (each cached input is computed once), the run's metadata and
+the command-line glue shared by `rq analytics`, `python -m rq.analytics` and the builtin
+`analytics` queue: `parse_options` (pure) and `main` (session, run, one-line errors).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from rq.analytics.session import AnalyticsError
+
+DEFAULT_MASTER = "local[*]"
+RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+MESSAGE_COLUMNS = ["queue", "msg_id", "host", "final_state", "wait_s", "run_s", "total_s",
+                   "resends", "lease_expiries", "recoveries", "first_ts", "final_ts", "status",
+                   "events"]
+
+
+@dataclass(frozen=True)
+class Options:
+    inputs: tuple[str, ...]
+    output: str
+    since: float | None = None
+    until: float | None = None
+    master: str = DEFAULT_MASTER
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+
+def parse_time(flag: str, text: str, now: float) -> float:
+    """`--since`/`--until`: epoch seconds, an ISO 8601 date or time (UTC unless it says
+    otherwise), or `N[smhdw]` meaning that long before now (`24h`, `7d`)."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    m = RELATIVE.match(text)
+    if m:
+        return now - float(m[1]) * UNITS[m[2]]
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise AnalyticsError(f"invalid --{flag}: {text} (epoch, ISO 8601 or e.g. 24h)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return when.timestamp()
+
+
+def as_list(value: Any) -> list[str]:
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    out = []
+    for v in values:
+        if not isinstance(v, str) or not v:
+            raise AnalyticsError("a flag that needs a value was given none")
+        out.append(v)
+    return out
+
+
+def parse_conf(items: Sequence[str]) -> dict[str, str]:
+    conf = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise AnalyticsError(f"invalid --conf {item} (expected key=value)")
+        conf[key.strip()] = value
+    return conf
+
+
+def parse_options(root: str | None, flags: Mapping[str, Any], now: float) -> Options:
+    """Options from the S19.1 flags of `rq analytics` (`input`, `conf` may repeat)."""
+    inputs = as_list(flags.get("input")) or ([root] if root else [])
+    output = as_list(flags.get("output"))
+    if not inputs:
+        raise AnalyticsError("no --input and no RQ root")
+    if not output and not root:
+        raise AnalyticsError("no --output and no RQ root")
+    since = as_list(flags.get("since"))
+    until = as_list(flags.get("until"))
+    master = as_list(flags.get("master"))
+    opts = Options(
+        inputs=tuple(inputs),
+        output=output[-1] if output else os.path.join(root or "", "analytics"),
+        since=parse_time("since", since[-1], now) if since else None,
+        until=parse_time("until", until[-1], now) if until else None,
+        master=master[-1] if master else DEFAULT_MASTER,
+        conf=parse_conf(as_list(flags.get("conf"))))
+    if opts.since is not None and opts.until is not None and opts.since >= opts.until:
+        raise AnalyticsError("--since must be before --until")
+    return opts
+
+
+def run(spark: Any, opts: Options, *, now: float | None = None) -> tuple[str, dict[str, Any]]:
+    """One run: read, check, aggregate, write and publish. Returns (run dir, summary)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Observation
+
+    from rq.analytics import extract, load, summary
+    from rq.analytics import transform as T
+
+    started = time.time() if now is None else now
+    clock = time.monotonic()
+    out = load.output_dir(opts.output)
+    run_id = load.new_run_id(started)
+    files = extract.list_inputs(spark, list(opts.inputs), opts.since, opts.until)
+    # One pass over the lines: they are checked, counted (observe) and fed to the per-message
+    # shuffle together; only the much smaller message table is cached.
+    # (An input with no lines at all is planned as an empty relation, which never fills an
+    # Observation: it is counted as zero lines instead.)
+    observed = Observation("lines")
+    readable = [f for f in files if f.size > 0]
+    checked = T.check_lines(extract.read_lines(spark, readable))
+    if readable:
+        checked = checked.observe(observed, *T.line_count_columns())
+    messages = T.message_table(T.window_events(checked, opts.since, opts.until)).persist(
+        StorageLevel.MEMORY_AND_DISK)
+    msg_rows = T.rows(T.message_stats(messages))
+    line_counts = observed.get if readable else {}
+    stages = {"read_check_messages": round(time.monotonic() - clock, 3)}
+    span_rows = T.rows(T.span_stats(messages))
+    errors = T.error_table(messages).persist()
+    queue_errors = T.rows(T.top_errors(errors))
+    total_errors = T.rows(errors.groupBy("status").sum("n").withColumnRenamed("sum(n)", "n")
+                          .orderBy(T.F.col("n").desc(), "status").limit(summary.TOP))
+    slow_rows = T.rows(T.slowest(messages))
+    hourly = summary.hourly(msg_rows, span_rows)
+    stages["aggregates"] = round(time.monotonic() - clock - sum(stages.values()), 3)
+
+    work = load.partial_dir(out, run_id)
+    uri = "file://" + work
+    messages.select(*MESSAGE_COLUMNS).write.parquet(uri + "/messages")
+    errors.coalesce(1).write.parquet(uri + "/errors")
+    spark.createDataFrame(hourly, HOURLY_SCHEMA).coalesce(1).write.parquet(uri + "/hourly")
+    messages.unpersist()
+    errors.unpersist()
+    stages["write"] = round(time.monotonic() - clock - sum(stages.values()), 3)
+    meta = {"run_id": run_id, "generated_at": round(started, 3),
+            "duration_s": round(time.monotonic() - clock, 3), "since": opts.since,
+            "until": opts.until, "inputs": list(opts.inputs), "master": opts.master}
+    result = summary.build(meta, line_counts, msg_rows, span_rows, queue_errors, total_errors,
+                           slow_rows)
+    result["files"] = len(files)
+    result["stages_s"] = stages
+    load.write_json(os.path.join(work, "hourly.json"), hourly)
+    load.write_json(os.path.join(work, "summary.json"), result)
+    final = load.publish(out, run_id)
+    load.prune(out, time.time())
+    return final, result
+
+
+HOURLY_SCHEMA = ("queue string, hour long, done long, err long, relayed long, deleted long, "
+                 "error_rate double, run_p50 double, run_p90 double, run_p99 double, "
+                 "wait_p50 double, wait_p90 double, wait_p99 double")
+
+
+def report_lines(final: str, result: Mapping[str, Any]) -> list[str]:
+    lines, total = result["lines"], result["total"]
+    skipped = ", ".join(f"{k} {v}" for k, v in lines["skipped_by_reason"].items() if v)
+    fin = total["finished"]
+    return [
+        f"read {lines['read']} lines from {result.get('files', 0)} files, "
+        f"{lines['skipped']} skipped{f' ({skipped})' if skipped else ''}",
+        f"{total['events']} events in {len(result['queues'])} queues: done {fin['done']}, "
+        f"err {fin['err']}, relayed {fin['relayed']}, deleted {fin['deleted']}, "
+        f"unfinished {total['unfinished']}",
+        f"published {final} in {result['duration_s']} s",
+    ]
+
+
+def short_error(exc: BaseException) -> str:
+    """One line for a Spark/Py4J failure (whose text is a Java stack trace)."""
+    java = getattr(exc, "java_exception", None)
+    text = str(java.toString()) if java is not None else str(exc)
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    return first[:400]
+
+
+def main(root: str | None, flags: Mapping[str, Any], out: TextIO) -> int:
+    """`rq analytics`: run the job, print three lines; errors raise AnalyticsError."""
+    final, result = execute(root, flags)
+    for line in report_lines(final, result):
+        print(line, file=out)
+    return 0
+
+
+def execute(root: str | None, flags: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Options from `flags`, a session, one run; the JVM's output goes to
+    ROOT/log/analytics-spark.log.  Every failure is an AnalyticsError (one line)."""
+    from rq.analytics import session
+
+    opts = parse_options(root, flags, time.time())
+    log_path = os.path.join(root, "log", "analytics-spark.log") if root and os.path.isdir(
+        os.path.join(root, "log")) else None
+    with session.spark_session(opts.master, opts.conf, log_path=log_path) as spark:
+        try:
+            final, result = run(spark, opts)
+        except AnalyticsError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- Spark failures become one line
+            raise AnalyticsError(f"analytics failed: {short_error(exc)}") from None
+    return final, result

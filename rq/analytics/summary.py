@@ -1,0 +1,150 @@
+"""Turn the collected aggregates of the analytics job into docs/analytics.md's JSON (pure).
+
+Owns the shape of `summary.json` and `hourly.json` (version 1): input is plain rows (dicts) as
+collected from rq.analytics.transform's small aggregates, output plain JSON-able values.  No
+pyspark here, so the shape is testable and the web app's contract lives in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+VERSION = 1
+FINAL = ("done", "err", "relayed")
+REASONS = ("torn", "layout", "crc", "json")
+WAIT_EDGES = [0, 0.01, 0.1, 1, 10, 60, 600, 3600]
+TOP = 10
+Row = Mapping[str, Any]
+
+# grouping ids of transform's cube("queue", "hour")
+G_QUEUE_HOUR, G_QUEUE, G_HOUR, G_ALL = 0, 1, 2, 3
+
+
+def num(value: Any) -> float | None:
+    """A JSON-friendly float (6 decimals, no float noise), or None."""
+    return None if value is None else round(float(value), 6)
+
+
+def dist(row: Row | None, prefix: str) -> dict[str, Any]:
+    n = int(row.get(f"{prefix}_n") or 0) if row else 0
+    p = (row or {}).get(f"{prefix}_p") or [None, None, None]
+    if n == 0:
+        return {"p50": None, "p90": None, "p99": None, "mean": None, "n": 0}
+    return {"p50": num(p[0]), "p90": num(p[1]), "p99": num(p[2]),
+            "mean": num(row[f"{prefix}_mean"]) if row else None, "n": n}
+
+
+def line_summary(counts: Row) -> dict[str, Any]:
+    """`lines` of summary.json from {"valid": n, "torn": n, …} (missing keys count 0)."""
+    skipped = {reason: int(counts.get(reason) or 0) for reason in REASONS}
+    valid = int(counts.get("valid") or 0)
+    return {"read": valid + sum(skipped.values()), "valid": valid,
+            "skipped": sum(skipped.values()), "skipped_by_reason": skipped}
+
+
+def error_rate(counts: Row) -> float:
+    finished = sum(int(counts.get(s) or 0) for s in FINAL)
+    return num(int(counts.get("err") or 0) / finished) if finished else 0.0  # type: ignore[return-value]
+
+
+def busiest(hour_rows: Iterable[Row]) -> list[dict[str, Any]]:
+    hours = [(sum(int(r[s] or 0) for s in FINAL), int(r["hour"])) for r in hour_rows
+             if r.get("hour") is not None]
+    hours = sorted((h for h in hours if h[0] > 0), key=lambda h: (-h[0], h[1]))[:TOP]
+    return [{"hour": hour, "finished": n} for n, hour in hours]
+
+
+def qsum(msg: Row | None, span: Row | None, hour_rows: Sequence[Row], errors: Sequence[Row],
+         slow: Sequence[Row], hours: float | None) -> dict[str, Any]:
+    """One QSUM of docs/analytics.md from the rows of one queue (or of everything)."""
+    m = msg or {}
+    finished = {s: int(m.get(s) or 0) for s in (*FINAL, "deleted")}
+    done_err_relayed = sum(finished[s] for s in FINAL)
+    bins = [int((span or {}).get(f"wait_h{i}") or 0) for i in range(len(WAIT_EDGES))]
+    return {
+        "events": int(m.get("events") or 0),
+        "finished": finished,
+        "unfinished": int(m.get("unfinished") or 0),
+        "throughput_per_hour": num(done_err_relayed / hours) if hours else 0.0,
+        "wait": dist(span, "wait"), "run": dist(span, "run"), "total": dist(msg, "total"),
+        "error_rate": error_rate(finished),
+        "retries": {k: int(m.get(k) or 0) for k in ("resend", "lease_expired", "recovered")},
+        "top_errors": [{"status": e["status"], "n": int(e["n"])} for e in errors[:TOP]],
+        "slowest": [{"queue": s["queue"], "msg_id": s["msg_id"], "run_s": num(s["run_s"])}
+                    for s in slow[:TOP]],
+        "busiest_hours": busiest(hour_rows),
+        "wait_histogram": {"edges": list(WAIT_EDGES), "counts": bins},
+    }
+
+
+def window(since: float | None, until: float | None,
+           total: Row | None) -> tuple[float | None, float | None, float | None]:
+    """(start, end, hours) of the analysed window: the bounds given, else the first and last
+    event seen; hours is at least one second's worth so a burst still has a rate."""
+    start = since if since is not None else (total or {}).get("first_ts")
+    end = until if until is not None else (total or {}).get("last_ts")
+    if start is None or end is None:
+        return start, end, None
+    return start, end, max(float(end) - float(start), 1.0) / 3600
+
+
+def hourly(msg_rows: Sequence[Row], span_rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """docs/analytics.md hourly.json rows, sorted by (queue, hour)."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def row(queue: str, hour: int) -> dict[str, Any]:
+        return out.setdefault((queue, hour), {
+            "queue": queue, "hour": hour, "done": 0, "err": 0, "relayed": 0, "deleted": 0,
+            "error_rate": 0.0, "run_p50": None, "run_p90": None, "run_p99": None,
+            "wait_p50": None, "wait_p90": None, "wait_p99": None})
+
+    for m in msg_rows:
+        if m["g"] == G_QUEUE_HOUR and m["hour"] is not None:
+            r = row(m["queue"], int(m["hour"]))
+            r.update({s: int(m[s] or 0) for s in (*FINAL, "deleted")})
+            r["error_rate"] = error_rate(r)
+    for s in span_rows:
+        if s["g"] == G_QUEUE_HOUR and s["hour"] is not None:
+            r = row(s["queue"], int(s["hour"]))
+            for kind in ("run", "wait"):
+                d = dist(s, kind)
+                r.update({f"{kind}_p50": d["p50"], f"{kind}_p90": d["p90"],
+                          f"{kind}_p99": d["p99"]})
+    return [out[k] for k in sorted(out)]
+
+
+def build(meta: Mapping[str, Any], line_counts: Row, msg_rows: Sequence[Row],
+          span_rows: Sequence[Row], queue_errors: Sequence[Row], total_errors: Sequence[Row],
+          slow_rows: Sequence[Row]) -> dict[str, Any]:
+    """summary.json (docs/analytics.md) from the collected aggregates and the run's `meta`
+    (run_id, generated_at, duration_s, since, until, inputs, master)."""
+    def pick(rows: Sequence[Row], g: int, queue: str | None = None) -> Sequence[Row]:
+        return [r for r in rows if r["g"] == g and (queue is None or r["queue"] == queue)]
+
+    def one(rows: Sequence[Row], g: int, queue: str | None = None) -> Row | None:
+        found = pick(rows, g, queue)
+        return found[0] if found else None
+
+    total_msg = one(msg_rows, G_ALL)
+    start, end, hours = window(meta.get("since"), meta.get("until"), total_msg)
+    names = sorted({r["queue"] for r in msg_rows if r["g"] == G_QUEUE})
+    slow_by_queue = {q: sorted((s for s in slow_rows if s["queue"] == q),
+                               key=lambda s: s["rank"]) for q in names}
+    all_slow = sorted(slow_rows, key=lambda s: (-s["run_s"], s["queue"], s["msg_id"]))
+    queues = {}
+    for q in names:
+        errs = sorted((e for e in queue_errors if e["queue"] == q), key=lambda e: e["rank"])
+        queues[q] = qsum(one(msg_rows, G_QUEUE, q), one(span_rows, G_QUEUE, q),
+                         pick(msg_rows, G_QUEUE_HOUR, q), errs, slow_by_queue[q], hours)
+    total_errs = sorted(total_errors, key=lambda e: (-int(e["n"]), e["status"]))
+    return {
+        "version": VERSION,
+        **{k: meta.get(k) for k in ("run_id", "generated_at", "duration_s", "since", "until",
+                                    "inputs", "master")},
+        "window": {"start": num(start), "end": num(end), "hours": num(hours)},
+        "lines": line_summary(line_counts),
+        "total": qsum(total_msg, one(span_rows, G_ALL), pick(msg_rows, G_HOUR), total_errs,
+                      all_slow, hours),
+        "queues": queues,
+    }

@@ -1,0 +1,259 @@
+"""Pure transforms of the analytics job (issue 5): DataFrames in, DataFrames out, no IO.
+
+Everything here runs inside the JVM (Spark built-in functions only, no Python UDF), so a
+cluster's executors need nothing of ours.  The stages:
+
+1. `mark_torn_tail` / `check_lines` — the S13.4 reader checks of every line (`value`, `torn`,
+   optional `pos`, the line's place in its file): torn (no final
+   newline), layout (S13.2), CRC-32 (`crc32` of the payload's UTF-8 bytes, 8 lowercase hex digits)
+   and JSON (`from_json` with an explicit schema: an object with `ts`, `queue`, `msg_id`, `to`).
+   Failing lines keep a `reason` and are skipped downstream.
+2. `window_events` — valid events with `since <= ts < until`.
+3. `message_table` — one row per message (host, queue, msg_id): its events sorted by `ts` (so order
+   across files and hosts does not matter), wait and run spans, retries, final state.
+4. `message_stats` / `span_stats` — cube over (queue, hour) for counts and percentiles;
+   `error_table`, `slowest` for the top lists.  rq.analytics.summary turns the collected rows into
+   the JSON of docs/analytics.md.
+
+Definitions (docs/analytics.md): a *wait span* is que → run (entry into que to the start), a *run
+span* is run → next state (the event's `duration`, else the time since the run started); a *resend*
+is run → que not caused by a restart or lease expiry, or run → err `HIT MAX RESEND COUNT` (S5.4); a
+*lease expiry* is a run → que/err whose status starts `LEASE EXPIRED` (S8.3); a *recovery* is
+run → que with `QUEUE RESTARTED` (S2.7) or `QUEUE SHUTDOWN` (S2.5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import DoubleType, StringType, StructField, StructType
+
+FINAL = ("done", "err", "relayed")
+PREFIX = '{"crc32":"'
+MIDDLE = '","event":'
+PAYLOAD_AT = 29             # 1-based position of PAYLOAD in the line (byte offset 28, S13.2)
+HOUR = 3600
+PERCENTILES = [0.5, 0.9, 0.99]
+WAIT_EDGES = [0, 0.01, 0.1, 1, 10, 60, 600, 3600]
+HIT_MAX = "HIT MAX RESEND COUNT - MOVING TO ERR"   # S5.4
+RECOVERY_PREFIXES = ("QUEUE RESTARTED", "QUEUE SHUTDOWN")  # S2.7, S2.5
+LEASE_PREFIX = "LEASE EXPIRED"                      # S8.3
+CORRUPT = "_corrupt"
+
+# The S13.3 fields the job uses (count, pid, exit_code, consumer are not needed: leaving them
+# out of the schema saves converting them).
+EVENT_SCHEMA = StructType([
+    StructField("ts", DoubleType()), StructField("host", StringType()),
+    StructField("queue", StringType()), StructField("msg_id", StringType()),
+    StructField("from", StringType()), StructField("to", StringType()),
+    StructField("status", StringType()), StructField("duration", DoubleType()),
+    StructField(CORRUPT, StringType()),
+])
+EVENT_FIELDS = [f.name for f in EVENT_SCHEMA.fields if f.name != CORRUPT]
+# A message's key, most selective first: the sort behind the per-message window compares a
+# prefix of the first column, and `host` is often one value for everything.
+KEY = ["msg_id", "queue", "host"]
+
+
+# ---------------------------------------------------------------- S13.4 line checks
+
+
+def mark_torn_tail(lines: DataFrame) -> DataFrame:
+    """For lines of files whose last byte is not a newline: `torn` = the file's last line.
+
+    `lines` has `value`, `file` and `pos` (increasing along a file); the result adds `torn`.
+    (`pos` comes from monotonically_increasing_id: a file's splits are numbered in order.)
+    """
+    last = lines.groupBy("file").agg(F.max("pos").alias("_last"))
+    return (lines.join(F.broadcast(last), "file")
+            .withColumn("torn", F.col("pos") == F.col("_last")).drop("_last"))
+
+
+def check_lines(lines: DataFrame) -> DataFrame:
+    """S13.4: `reason` (torn, layout, crc, json or null when valid) plus the payload's fields."""
+    v = F.col("value")
+    layout = ((F.length(v) > PAYLOAD_AT)
+              & (F.substring(v, 1, len(PREFIX)) == F.lit(PREFIX))
+              & F.substring(v, 11, 8).rlike("^[0-9a-f]{8}$")
+              & (F.substring(v, 19, len(MIDDLE)) == F.lit(MIDDLE))
+              & v.endswith("}"))
+    payload = F.expr(f"substring(value, {PAYLOAD_AT}, length(value) - {PAYLOAD_AT})")
+    crc = F.lpad(F.lower(F.hex(F.crc32(payload.cast("binary")))), 8, "0")
+    event = F.from_json(payload, EVENT_SCHEMA,
+                        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
+    pos = F.col("pos") if "pos" in lines.columns else F.monotonically_increasing_id()
+    parsed = lines.select(
+        pos.alias("pos"),
+        F.coalesce(F.col("torn"), F.lit(False)).alias("_torn"), layout.alias("_layout"),
+        F.when(layout, crc == F.substring(v, 11, 8)).alias("_crc"),
+        F.when(layout, event).alias("e"))
+    e = F.col("e")
+    json_ok = (e[CORRUPT].isNull() & e["ts"].isNotNull() & e["queue"].isNotNull()
+               & e["msg_id"].isNotNull() & e["to"].isNotNull())
+    reason = (F.when(F.col("_torn"), "torn").when(~F.col("_layout"), "layout")
+              .when(~F.col("_crc"), "crc").when(~json_ok, "json"))
+    return parsed.select(reason.alias("reason"), "pos", *[e[f].alias(f) for f in EVENT_FIELDS])
+
+
+REASONS = ("torn", "layout", "crc", "json")
+
+
+def line_count_columns() -> list[Column]:
+    """Aggregates over checked lines: `valid` and one count per S13.4 reason.  Used with
+    DataFrame.observe, so the lines are counted in the same pass that reads them."""
+    reason = F.col("reason")
+    return [F.count(F.when(reason.isNull(), 1)).alias("valid"),
+            *[F.count(F.when(reason == r, 1)).alias(r) for r in REASONS]]
+
+
+def line_counts(checked: DataFrame) -> DataFrame:
+    """One row: `valid` and the count of each reason (as line_count_columns)."""
+    return checked.agg(*line_count_columns())
+
+
+def window_events(checked: DataFrame, since: float | None, until: float | None) -> DataFrame:
+    """Valid events with since <= ts < until (either bound may be None)."""
+    cond = F.col("reason").isNull()
+    if since is not None:
+        cond &= F.col("ts") >= F.lit(float(since))
+    if until is not None:
+        cond &= F.col("ts") < F.lit(float(until))
+    return checked.where(cond).drop("reason")
+
+
+# ---------------------------------------------------------------- per message
+
+
+def message_steps(events: DataFrame) -> DataFrame:
+    """Each event with the span it closes and the retry it is, from the previous event of
+    its message in ts order."""
+    # Events of one message logged in the same millisecond keep their order in the file: one
+    # queue process appends them in order to one file (S13.1), and `pos` grows along a file.
+    order = Window.partitionBy(*KEY).orderBy("ts", "pos")
+    frm, to, status = F.col("from"), F.col("to"), F.coalesce(F.col("status"), F.lit(""))
+    since_prev = F.col("ts") - F.col("_prev_ts")
+    recovered = (frm == "run") & (to == "que") & (
+        status.startswith(RECOVERY_PREFIXES[0]) | status.startswith(RECOVERY_PREFIXES[1]))
+    lease = (frm == "run") & status.startswith(LEASE_PREFIX)
+    resend = (frm == "run") & ~lease & (
+        ((to == "que") & ~recovered) | ((to == "err") & (status == HIT_MAX)))
+    wait_s = F.when((frm == "que") & (to == "run") & (F.col("_prev_to") == "que"), since_prev)
+    run_s = F.when(frm == "run", F.coalesce(
+        F.col("duration"), F.when(F.col("_prev_to") == "run", since_prev)))
+    return (events
+            .withColumn("_prev_to", F.lag("to").over(order))
+            .withColumn("_prev_ts", F.lag("ts").over(order))
+            .select(*KEY, "ts", "pos", "from", "to", "status",
+                    wait_s.alias("wait_s"), run_s.alias("run_s"),
+                    resend.cast("int").alias("resend"), lease.cast("int").alias("lease"),
+                    recovered.cast("int").alias("recovered")))
+
+
+def message_table(events: DataFrame) -> DataFrame:
+    """One row per message: the docs/analytics.md `messages` columns plus `events`,
+    `last_ts` and `spans` (array of {kind, end_ts, s})."""
+    steps = message_steps(events)
+    point = F.struct("ts", "pos", "to", "status")
+    span = (F.when(F.col("wait_s").isNotNull(),
+                   F.struct(F.lit("wait").alias("kind"), F.col("ts").alias("end_ts"),
+                            F.col("wait_s").alias("s")))
+            .when(F.col("run_s").isNotNull(),
+                  F.struct(F.lit("run").alias("kind"), F.col("ts").alias("end_ts"),
+                           F.col("run_s").alias("s"))))
+    agg = steps.groupBy(*KEY).agg(
+        F.count(F.lit(1)).alias("events"),
+        F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts"),
+        F.min(F.when(F.col("from").isNull(), F.col("ts"))).alias("created_ts"),
+        F.max(point).alias("_last"),
+        F.max(F.when(F.col("to").isin(*FINAL), point)).alias("_fin"),
+        F.sum("wait_s").alias("wait_s"), F.sum("run_s").alias("run_s"),
+        F.sum("resend").alias("resends"), F.sum("lease").alias("lease_expiries"),
+        F.sum("recovered").alias("recoveries"),
+        F.collect_list(span).alias("spans"))
+    last, fin = F.col("_last"), F.col("_fin")
+    deleted = last["to"] == "deleted"
+    final_ts = F.coalesce(fin["ts"], F.when(deleted, last["ts"]))
+    return agg.select(
+        "queue", "msg_id", "host",
+        F.coalesce(fin["to"], F.when(deleted, F.lit("deleted"))).alias("final_state"),
+        "wait_s", "run_s", (final_ts - F.col("created_ts")).alias("total_s"),
+        "resends", "lease_expiries", "recoveries", "first_ts", final_ts.alias("final_ts"),
+        F.coalesce(fin["status"], last["status"]).alias("status"),
+        "events", "last_ts", "created_ts", "spans")
+
+
+# ---------------------------------------------------------------- aggregates
+
+
+def _hour(ts: Column) -> Column:
+    return (F.floor(ts / HOUR) * HOUR).cast("long")
+
+
+def _dist(prefix: str, value: Column) -> list[Column]:
+    return [F.percentile_approx(value, PERCENTILES).alias(f"{prefix}_p"),
+            F.avg(value).alias(f"{prefix}_mean"), F.count(value).alias(f"{prefix}_n")]
+
+
+def message_stats(messages: DataFrame) -> DataFrame:
+    """Cube over (queue, hour of the final transition): counts by final state, unfinished,
+    retries, events, time to final state; `g` = grouping id (0 queue+hour, 1 queue,
+    2 hour, 3 everything)."""
+    state = F.col("final_state")
+    finished = state.isin(*FINAL)
+    counts = [F.count(F.when(state == s, 1)).alias(s) for s in (*FINAL, "deleted")]
+    return (messages.withColumn("hour", _hour(F.col("final_ts")))
+            .cube("queue", "hour").agg(
+                F.grouping_id().alias("g"), *counts,
+                F.count(F.when(state.isNull(), 1)).alias("unfinished"),
+                F.sum("events").alias("events"),
+                F.sum("resends").alias("resend"), F.sum("lease_expiries").alias("lease_expired"),
+                F.sum("recoveries").alias("recovered"),
+                F.min("first_ts").alias("first_ts"), F.max("last_ts").alias("last_ts"),
+                *_dist("total", F.when(finished, F.col("total_s")))))
+
+
+def span_stats(messages: DataFrame) -> DataFrame:
+    """Cube over (queue, hour the span ended): wait and run percentiles, means, counts and the
+    wait histogram (`wait_h0`…); `g` as in message_stats."""
+    spans = messages.select("queue", F.explode("spans").alias("sp")).select(
+        "queue", _hour(F.col("sp.end_ts")).alias("hour"), F.col("sp.kind").alias("kind"),
+        F.col("sp.s").alias("s"))
+    wait = F.when(F.col("kind") == "wait", F.col("s"))
+    run = F.when(F.col("kind") == "run", F.col("s"))
+    edges = WAIT_EDGES
+    bins = [F.count(F.when((wait >= lo) & (wait < hi), 1)).alias(f"wait_h{i}")
+            for i, (lo, hi) in enumerate(zip(edges, edges[1:]))]
+    bins.append(F.count(F.when(wait >= edges[-1], 1)).alias(f"wait_h{len(edges) - 1}"))
+    return spans.cube("queue", "hour").agg(
+        F.grouping_id().alias("g"), *_dist("wait", wait), *_dist("run", run), *bins)
+
+
+def error_table(messages: DataFrame) -> DataFrame:
+    """queue, status, n: err status texts (of messages that ended err)."""
+    return (messages.where(F.col("final_state") == "err")
+            .groupBy("queue", F.coalesce(F.col("status"), F.lit("")).alias("status")).count()
+            .withColumnRenamed("count", "n"))
+
+
+def top_per_queue(df: DataFrame, order: list[Column], n: int = 10) -> DataFrame:
+    """The first `n` rows of each queue in `order`, with `rank` (1-based)."""
+    w = Window.partitionBy("queue").orderBy(*order)
+    return df.withColumn("rank", F.row_number().over(w)).where(F.col("rank") <= n)
+
+
+def slowest(messages: DataFrame, n: int = 10) -> DataFrame:
+    """Per queue, the `n` messages with the longest total run time."""
+    return top_per_queue(messages.where(F.col("run_s").isNotNull())
+                         .select("queue", "msg_id", "host", "run_s"),
+                         [F.col("run_s").desc(), F.col("msg_id")], n)
+
+
+def top_errors(errors: DataFrame, n: int = 10) -> DataFrame:
+    return top_per_queue(errors, [F.col("n").desc(), F.col("status")], n)
+
+
+def rows(df: DataFrame) -> list[dict[str, Any]]:
+    """Collect `df` to plain dicts (small aggregates only)."""
+    return [r.asDict(recursive=True) for r in df.collect()]

@@ -1,0 +1,178 @@
+"""Cluster test of the analytics job (issue 5): a real Spark standalone master and worker.
+
+Both daemons are started on loopback from the pyspark installation with `spark-daemon.sh`
+(its sbin/ has no start-master.sh), the job runs as `rq analytics --master spark://127.0.0.1:PORT`
+and its result must equal a `local[2]` run's over the same event-log history (S13).  Skips, saying
+so, only when Java is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from rq.events import encode_event
+from rqtest import REPO, make_root, wait_for
+
+pytestmark = [pytest.mark.timeout(900),
+              pytest.mark.skipif(shutil.which("java") is None,
+                                 reason="Java 17+ is not installed: Spark cannot run")]
+MASTER = "org.apache.spark.deploy.master.Master"
+WORKER = "org.apache.spark.deploy.worker.Worker"
+T0 = 1767225600  # 2026-01-01T00:00:00Z
+VOLATILE = ("run_id", "generated_at", "duration_s", "stages_s", "master")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_history(tree: Path) -> int:
+    """Three queues over two days: done, resent, err, recovered and unfinished messages, plus a
+    torn tail.  Returns the number of events."""
+    n = 0
+    files: dict[Path, Any] = {}
+
+    def emit(queue: str, msg: str, ts: float, frm: str | None, to: str,
+             status: str | None = None, duration: float | None = None) -> None:
+        nonlocal n
+        import time
+        day = time.strftime("%Y%m%d", time.gmtime(ts))
+        path = tree / "log" / "events" / day / f"{queue}.jsonl"
+        if path not in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            files[path] = open(path, "ab")
+        files[path].write(encode_event({
+            "ts": round(ts, 3), "host": "h", "queue": queue, "msg_id": msg, "from": frm,
+            "to": to, "status": status, "count": 0, "pid": None, "exit_code": None,
+            "duration": duration}))
+        n += 1
+
+    for qi, queue in enumerate(("alpha", "beta", "gamma")):
+        for i in range(300):
+            msg, t = f"m{i}", T0 + i * 577.3 + qi * 13.1
+            emit(queue, msg, t, None, "prep")
+            emit(queue, msg, t, "prep", "que")
+            emit(queue, msg, t + i % 7, "que", "run")
+            kind = i % 10
+            run = 0.25 + (i * 37 % 101) / 10
+            if kind == 8:                   # resend, then done
+                emit(queue, msg, t + i % 7 + run, "run", "que", "again", run)
+                emit(queue, msg, t + i % 7 + run + 30, "que", "run")
+                emit(queue, msg, t + i % 7 + 2 * run + 30, "run", "done", "ok", run)
+            elif kind == 9 and i % 20 == 9:  # restarted queue, then err
+                emit(queue, msg, t + i % 7 + run, "run", "que", "QUEUE RESTARTED - MOVING TO QUE")
+                emit(queue, msg, t + i % 7 + run + 1, "que", "run")
+                emit(queue, msg, t + i % 7 + 2 * run + 1, "run", "err", f"boom {i % 3}", run)
+            elif kind == 9:                 # still running at the end
+                pass
+            else:
+                emit(queue, msg, t + i % 7 + run, "run", "err" if kind == 7 else "done",
+                     "bad" if kind == 7 else "ok", run)
+    for f in files.values():
+        f.close()
+    with open(tree / "log" / "events" / "20260101" / "alpha.jsonl", "ab") as f:
+        f.write(b'{"crc32":"0000')
+    return n
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[str]:
+    """A standalone master and one worker (2 cores, 2 GiB) on 127.0.0.1; yields the master URL."""
+    import pyspark
+    home = Path(pyspark.__file__).parent
+    daemon = home / "sbin" / "spark-daemon.sh"
+    assert daemon.exists(), f"{daemon} missing from the pyspark installation"
+    conf_dir = tmp_path / "spark-conf"
+    conf_dir.mkdir()
+    (conf_dir / "log4j2.properties").write_text("rootLogger.level = error\n")
+    env = dict(os.environ, SPARK_HOME=str(home), SPARK_CONF_DIR=str(conf_dir),
+               SPARK_LOG_DIR=str(tmp_path / "spark-logs"), SPARK_PID_DIR=str(tmp_path / "pids"),
+               SPARK_WORKER_DIR=str(tmp_path / "work"), SPARK_LOCAL_IP="127.0.0.1",
+               SPARK_IDENT_STRING=f"rqtest{os.getpid()}")
+    port, ui, worker_ui = free_port(), free_port(), free_port()
+    url = f"spark://127.0.0.1:{port}"
+
+    def sbin(*args: str) -> None:
+        subprocess.run(["bash", str(daemon), *args], env=env, check=True, timeout=120,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def master_json() -> dict[str, Any] | None:
+        try:
+            return requests.get(f"http://127.0.0.1:{ui}/json/", timeout=5).json()
+        except (requests.RequestException, ValueError):
+            return None
+
+    sbin("start", MASTER, "1", "--host", "127.0.0.1", "--port", str(port),
+         "--webui-port", str(ui))
+    try:
+        wait_for(lambda: (master_json() or {}).get("status") == "ALIVE", 120, 0.5,
+                 what="the Spark master to be ALIVE")
+        sbin("start", WORKER, "1", url, "--host", "127.0.0.1", "--cores", "2", "--memory", "2g",
+             "--webui-port", str(worker_ui))
+        wait_for(lambda: any(w.get("state") == "ALIVE"
+                             for w in (master_json() or {}).get("workers", [])), 120, 0.5,
+                 what="the Spark worker to register")
+        yield url
+        apps = (master_json() or {}).get("completedapps", [])
+        assert any(a.get("name") == "rq-analytics" for a in apps), apps  # it really ran there
+    finally:
+        for cls in (WORKER, MASTER):
+            subprocess.run(["bash", str(daemon), "stop", cls, "1"], env=env, timeout=120,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run_job(root: Path, data: Path, out: Path, master: str, *conf: str) -> dict[str, Any]:
+    args = [sys.executable, "-m", "rq.analytics", "--root", str(root), "--input", str(data),
+            "--output", str(out), "--master", master]
+    for item in conf:
+        args += ["--conf", item]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=str(root))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    current = out / "current"
+    return {"summary": json.loads((current / "summary.json").read_text()),
+            "hourly": json.loads((current / "hourly.json").read_text())}
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal, floats to 1e-6 (sums may be added in another order on another executor)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-9, abs=1e-6)
+    return bool(a == b)
+
+
+def test_standalone_cluster_result_equals_local_run(tmp_path: Path, cluster: str) -> None:
+    root = make_root(tmp_path)
+    data = tmp_path / "history"
+    events = write_history(data)
+    local = run_job(root, data, tmp_path / "out-local", "local[2]")
+    remote = run_job(root, data, tmp_path / "out-cluster", cluster,
+                     "spark.executor.memory=1g", "spark.cores.max=2")
+    assert remote["summary"]["master"] == cluster
+    assert local["summary"]["lines"] == {"read": events + 1, "valid": events, "skipped": 1,
+                                         "skipped_by_reason": {"torn": 1, "layout": 0,
+                                                               "crc": 0, "json": 0}}
+    assert local["summary"]["total"]["finished"]["done"] > 0
+    for key in VOLATILE:
+        local["summary"].pop(key)
+        remote["summary"].pop(key)
+    assert same(local["summary"], remote["summary"])
+    assert same(local["hourly"], remote["hourly"])

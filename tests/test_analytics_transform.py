@@ -1,0 +1,385 @@
+"""Transform tests of the analytics job (issue 5) on small hand-made event sets (S13).
+
+Every expected number is worked out by hand in the comments, not computed by the code under
+test.  One session-scoped `local[1]` SparkSession serves every test here; without Java the
+Spark tests skip with that reason (the pure ones still run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rq.analytics import job, load, summary
+from rq.analytics.session import AnalyticsError, java_major
+from rq.events import encode_event
+
+JAVA = shutil.which("java") is not None
+needs_spark = pytest.mark.skipif(not JAVA, reason="Java 17+ is not installed: Spark cannot run")
+
+T0 = 1700002800          # 2023-11-14 23:00:00 UTC, an hour boundary; the day ends at T0 + 3600
+H0, H1 = T0, T0 + 3600
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from rq.analytics import session
+    log = tmp_path_factory.mktemp("spark") / "spark.log"
+    conf = {"spark.sql.shuffle.partitions": "1",  # tiny inputs: SPARK.md's fast warm-up
+            "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"}
+    with session.spark_session("local[1]", conf, log_path=str(log)) as s:
+        yield s
+
+
+def ev(queue: str, msg: str, ts: float, frm: str | None, to: str, status: str | None = None,
+       duration: float | None = None, host: str = "h1") -> dict[str, Any]:
+    return {"ts": ts, "host": host, "queue": queue, "msg_id": msg, "from": frm, "to": to,
+            "status": status, "count": 0, "pid": None, "exit_code": None, "duration": duration}
+
+
+def created(queue: str, msg: str, ts: float) -> list[dict[str, Any]]:
+    return [ev(queue, msg, ts, None, "prep"), ev(queue, msg, ts, "prep", "que")]
+
+
+def raw_line(payload: bytes) -> bytes:
+    return b'{"crc32":"%08x","event":' % zlib.crc32(payload) + payload + b"}\n"
+
+
+# ---------------------------------------------------------------- the hand-made history
+# Window: since T0, until T0 + 7200 (2 hours).  Queue `a` (messages m1..m9) and `b` (m6, m10).
+A = [
+    # m1: waits 10, runs 30 -> done "ok" at T0+40; total 40
+    *created("a", "m1", T0), ev("a", "m1", T0 + 10, "que", "run"),
+    ev("a", "m1", T0 + 40, "run", "done", "ok", 30),
+    # m2: resend: wait 5, run 1, back to que (backoff 100 s), wait 100, run 2 -> done; total 108
+    *created("a", "m2", T0 + 100), ev("a", "m2", T0 + 105, "que", "run"),
+    ev("a", "m2", T0 + 106, "run", "que", "try later", 1),
+    ev("a", "m2", T0 + 206, "que", "run"), ev("a", "m2", T0 + 208, "run", "done", "ok", 2),
+    # m3: recovery (S2.7) without a duration: the run span is 400 - 300 = 100 from the ts;
+    #     wait 100 then 1; run 3299 -> err "boom" at T0+3700 (hour H1); total 3500
+    *created("a", "m3", T0 + 200), ev("a", "m3", T0 + 300, "que", "run"),
+    ev("a", "m3", T0 + 400, "run", "que", "QUEUE RESTARTED - MOVING TO QUE"),
+    ev("a", "m3", T0 + 401, "que", "run"), ev("a", "m3", T0 + 3700, "run", "err", "boom", 3299),
+    # m4: two lease expiries (S8.3): wait 10, run 300, wait 0 (same ms), run 300 -> err;
+    #     total 660 - 50 = 610
+    *created("a", "m4", T0 + 50), ev("a", "m4", T0 + 60, "que", "run"),
+    ev("a", "m4", T0 + 360, "run", "que", "LEASE EXPIRED - MOVING TO QUE", 300),
+    ev("a", "m4", T0 + 360, "que", "run"),
+    ev("a", "m4", T0 + 660, "run", "err", "LEASE EXPIRED - HIT MAX RESEND COUNT - MOVING TO ERR",
+       300),
+    # m5: still running at the end of the window (its done at T0+7300 is after `until`): wait 10
+    *created("a", "m5", T0 + 1000), ev("a", "m5", T0 + 1010, "que", "run"),
+    ev("a", "m5", T0 + 7300, "run", "done", "late", 6290),
+    # m7: a resend that hits max_count (S5.4): wait 20, run 10 -> err; total 30
+    *created("a", "m7", T0 + 500), ev("a", "m7", T0 + 520, "que", "run"),
+    ev("a", "m7", T0 + 530, "run", "err", "HIT MAX RESEND COUNT - MOVING TO ERR", 10),
+    # m8: deleted while queued at T0+700
+    *created("a", "m8", T0 + 600), ev("a", "m8", T0 + 700, "que", "deleted"),
+    # m9: created before `since` (those two events are outside the window): no wait span, no
+    #     total; run 1 -> done
+    *created("a", "m9", T0 - 10), ev("a", "m9", T0 + 5, "que", "run"),
+    ev("a", "m9", T0 + 6, "run", "done", "ok", 1),
+]
+B = [
+    # m6: wait 10, run 5 -> done; total 15.  Its start is written before its creation (the
+    # creation's two same-ms events in their order), its done in another tree.
+    *created("b", "m6", T0 + 10), ev("b", "m6", T0 + 20, "que", "run"),
+    ev("b", "m6", T0 + 25, "run", "done", "fine", 5),
+    # m10: a coalesced dup (que -> relayed): no spans; total 1
+    *created("b", "m10", T0 + 30), ev("b", "m10", T0 + 31, "que", "relayed", "duplicate x"),
+]
+BAD_LINES = {  # reason -> raw lines
+    "layout": [b"hello\n", encode_event({"a": 1}).replace(b'"crc32":"', b'"crc32":"X')[:-1]
+               + b"\n"],
+    "crc": [encode_event(ev("a", "mX", T0 + 1, None, "prep")).replace(b'"mX"', b'"mY"')],
+    "json": [raw_line(b"[1,2]"), raw_line(b'{"ts":1}')],
+}
+
+
+def day_file(tree: Path, ts: float, queue: str) -> Path:
+    import time
+    path = tree / "log" / "events" / time.strftime("%Y%m%d", time.gmtime(ts)) / f"{queue}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_history(base: Path) -> tuple[Path, Path]:
+    tree1, tree2 = base / "host1", base / "host2"
+    m6_done = B[3]
+    for event in [*A, B[2], B[0], B[1], *B[4:]]:
+        with open(day_file(tree1, event["ts"], event["queue"]), "ab") as f:
+            f.write(encode_event(event))
+    with open(day_file(tree2, m6_done["ts"], "b"), "ab") as f:
+        f.write(encode_event(m6_done))
+    first = day_file(tree1, T0, "a")
+    with open(first, "ab") as f:
+        for lines in BAD_LINES.values():
+            f.writelines(lines)
+    with open(day_file(tree1, T0 + 3600, "a"), "ab") as f:  # a torn tail: no final newline
+        f.write(encode_event(ev("a", "mZ", T0 + 3601, None, "prep"))[:40])
+    return tree1, tree2
+
+
+@pytest.fixture(scope="module")
+def result(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("hist")
+    tree1, tree2 = write_history(base)
+    opts = job.Options(inputs=(str(tree1), "file://" + str(tree2)), output=str(base / "out"),
+                       since=T0, until=T0 + 7200, master="local[1]")
+    final, summ = job.run(spark, opts)
+    out = base / "out"
+    assert os.path.realpath(out / "current") == final
+    hourly = json.loads((out / "current" / "hourly.json").read_text())
+    messages = {r["msg_id"]: r.asDict() for r in
+                spark.read.parquet(str(out / "current" / "messages")).collect()}
+    errors = sorted(tuple(r) for r in spark.read.parquet(str(out / "current" / "errors"))
+                    .select("queue", "status", "n").collect())
+    on_disk = json.loads((out / "current" / "summary.json").read_text())
+    return {"summary": summ, "on_disk": on_disk, "hourly": hourly, "messages": messages,
+            "errors": errors}
+
+
+# ---------------------------------------------------------------- S13.4 line checks
+
+
+@needs_spark
+def test_s13_4_lines_skipped_and_counted_by_reason(result: dict[str, Any]) -> None:
+    lines = result["summary"]["lines"]
+    # valid: 34 (a) + 2 (m9 before since) + 1 (m5 after until) + 7 (b) = 44 events written
+    assert lines["skipped_by_reason"] == {"torn": 1, "layout": 2, "crc": 1, "json": 2}
+    assert lines == {"read": 50, "valid": 44, "skipped": 6,
+                     "skipped_by_reason": lines["skipped_by_reason"]}
+    assert result["on_disk"] == result["summary"]
+
+
+@needs_spark
+def test_hadoop_listing_equals_the_local_one(spark: Any, tmp_path: Path) -> None:
+    """Inputs that are not local paths are listed through Hadoop's FileSystem (any URI)."""
+    from rq.analytics import extract
+    tree1, _ = write_history(tmp_path)
+    local = extract.list_local(str(tree1), T0, T0 + 7200)
+    remote = extract.list_remote(spark, "file://" + str(tree1), T0, T0 + 7200)
+    assert [(f.uri.rsplit("/", 2)[-2:], f.size, f.torn_tail) for f in remote] == [
+        (f.uri.rsplit("/", 2)[-2:], f.size, f.torn_tail) for f in local]
+    assert [f.torn_tail for f in local] == [False, False, True]   # 20231115/a.jsonl is torn
+    assert extract.list_local(str(tree1), T0 + 3600, None)[0].uri.endswith("20231115/a.jsonl")
+
+
+@needs_spark
+def test_empty_event_log_publishes_zeros(spark: Any, tmp_path: Path) -> None:
+    (tmp_path / "root" / "log" / "events" / "20231114").mkdir(parents=True)
+    (tmp_path / "root" / "log" / "events" / "20231114" / "q.jsonl").write_bytes(b"")
+    opts = job.Options(inputs=(str(tmp_path / "root"),), output=str(tmp_path / "out"))
+    _, summ = job.run(spark, opts)
+    assert summ["lines"]["read"] == 0 and summ["queues"] == {} and summ["files"] == 1
+    assert summ["total"]["finished"] == {"done": 0, "err": 0, "relayed": 0, "deleted": 0}
+    assert json.loads((tmp_path / "out" / "current" / "hourly.json").read_text()) == []
+
+
+@needs_spark
+def test_s13_4_check_lines_on_single_lines(spark: Any) -> None:
+    from rq.analytics import transform as T
+    good = encode_event(ev("q", "m", 5.5, None, "prep")).decode()[:-1]
+    cases = [
+        (good, False, None),
+        (good, True, "torn"),                                   # no final newline
+        (good.replace('"crc32":"', '"crc32": "'), False, "layout"),
+        (good[:-3], False, "layout"),                           # cut short: no final }
+        (good[:-1], False, "crc"),                   # the payload's } taken for the line's
+        (good.replace('"prep"', '"prex"'), False, "crc"),
+        (raw_line(b'"text"').decode()[:-1], False, "json"),     # not an object
+        (raw_line(b'{"ts":"x","queue":"q","msg_id":"m","to":"que"}').decode()[:-1], False,
+         "json"),                                               # ts not a number
+        (raw_line('{"ts":1,"queue":"é","msg_id":"m","to":"que"}'.encode()).decode()[:-1],
+         False, None),                                          # CRC over UTF-8 bytes
+    ]
+    df = spark.createDataFrame([(v, t) for v, t, _ in cases], "value string, torn boolean")
+    got = [r["reason"] for r in T.check_lines(df).collect()]
+    assert got == [want for _, _, want in cases]
+
+
+# ---------------------------------------------------------------- per queue
+
+
+@needs_spark
+def test_queue_a_counts_retries_and_unfinished(result: dict[str, Any]) -> None:
+    a = result["summary"]["queues"]["a"]
+    # events in the window: m1 4, m2 6, m3 6, m4 6, m5 3, m7 4, m8 3, m9 2 = 34
+    assert a["events"] == 34
+    assert a["finished"] == {"done": 3, "err": 3, "relayed": 0, "deleted": 1}  # m1 m2 m9 | m3 m4 m7
+    assert a["unfinished"] == 1                                                # m5
+    assert a["retries"] == {"resend": 2, "lease_expired": 2, "recovered": 1}
+    assert a["error_rate"] == 0.5                                              # 3 / 6
+    assert a["throughput_per_hour"] == 3.0                                     # 6 in 2 h
+
+
+@needs_spark
+def test_queue_a_wait_run_total_percentiles(result: dict[str, Any]) -> None:
+    a = result["summary"]["queues"]["a"]
+    # waits 0 1 5 10 10 10 20 100 100 (n 9, sum 256); nearest rank: p50 5th, p90 9th
+    assert a["wait"] == {"p50": 10.0, "p90": 100.0, "p99": 100.0, "mean": 28.444444, "n": 9}
+    # runs 1 1 2 10 30 100 300 300 3299 (n 9, sum 4043)
+    assert a["run"] == {"p50": 30.0, "p90": 3299.0, "p99": 3299.0, "mean": 449.222222, "n": 9}
+    # creation -> final state of finished messages created in the window: 30 40 108 610 3500
+    assert a["total"] == {"p50": 108.0, "p90": 3500.0, "p99": 3500.0, "mean": 857.6, "n": 5}
+    # [0,.01) 0 | [1,10) 1 5 | [10,60) 10 10 10 20 | [60,600) 100 100
+    assert a["wait_histogram"]["counts"] == [1, 0, 0, 2, 4, 2, 0, 0]
+
+
+@needs_spark
+def test_queue_a_top_lists(result: dict[str, Any]) -> None:
+    a = result["summary"]["queues"]["a"]
+    assert a["top_errors"] == [
+        {"status": "HIT MAX RESEND COUNT - MOVING TO ERR", "n": 1},
+        {"status": "LEASE EXPIRED - HIT MAX RESEND COUNT - MOVING TO ERR", "n": 1},
+        {"status": "boom", "n": 1}]
+    # run time per message: m3 100+3299, m4 600, m1 30, m7 10, m2 1+2, m9 1
+    assert [(s["msg_id"], s["run_s"]) for s in a["slowest"]] == [
+        ("m3", 3399.0), ("m4", 600.0), ("m1", 30.0), ("m7", 10.0), ("m2", 3.0), ("m9", 1.0)]
+    assert a["busiest_hours"] == [{"hour": H0, "finished": 5}, {"hour": H1, "finished": 1}]
+
+
+@needs_spark
+def test_queue_b_out_of_order_across_files_and_trees(result: dict[str, Any]) -> None:
+    b = result["summary"]["queues"]["b"]
+    assert b["finished"] == {"done": 1, "err": 0, "relayed": 1, "deleted": 0}
+    assert b["events"] == 7 and b["unfinished"] == 0 and b["error_rate"] == 0.0
+    assert b["wait"]["n"] == 1 and b["wait"]["p50"] == 10.0          # m6: que T0+10, run T0+20
+    assert b["run"]["n"] == 1 and b["run"]["p50"] == 5.0
+    assert b["total"] == {"p50": 1.0, "p90": 15.0, "p99": 15.0, "mean": 8.0, "n": 2}
+    m6 = result["messages"]["m6"]
+    assert (m6["final_state"], m6["wait_s"], m6["run_s"], m6["total_s"], m6["status"]) == (
+        "done", 10.0, 5.0, 15.0, "fine")
+
+
+@needs_spark
+def test_whole_period_summary(result: dict[str, Any]) -> None:
+    s = result["summary"]
+    t = s["total"]
+    assert (s["since"], s["until"], s["window"]["hours"]) == (T0, T0 + 7200, 2.0)
+    assert t["events"] == 41
+    assert t["finished"] == {"done": 4, "err": 3, "relayed": 1, "deleted": 1}
+    assert t["unfinished"] == 1 and t["throughput_per_hour"] == 4.0 and t["error_rate"] == 0.375
+    # waits: a's nine + 10 -> 0 1 5 10 10 10 10 20 100 100 (sum 266)
+    assert t["wait"] == {"p50": 10.0, "p90": 100.0, "p99": 100.0, "mean": 26.6, "n": 10}
+    # runs: a's nine + 5 -> 1 1 2 5 10 30 100 300 300 3299 (sum 4048)
+    assert t["run"] == {"p50": 10.0, "p90": 300.0, "p99": 3299.0, "mean": 404.8, "n": 10}
+    # totals: 1 15 30 40 108 610 3500 (sum 4304)
+    assert t["total"] == {"p50": 40.0, "p90": 3500.0, "p99": 3500.0, "mean": 614.857143,
+                          "n": 7}
+    assert t["retries"] == {"resend": 2, "lease_expired": 2, "recovered": 1}
+    assert t["slowest"][0] == {"queue": "a", "msg_id": "m3", "run_s": 3399.0}
+    assert t["busiest_hours"] == [{"hour": H0, "finished": 7}, {"hour": H1, "finished": 1}]
+
+
+@needs_spark
+def test_hourly_rows(result: dict[str, Any]) -> None:
+    rows = {(r["queue"], r["hour"]): r for r in result["hourly"]}
+    assert sorted(rows) == [("a", H0), ("a", H1), ("b", H0)]
+    a0, a1 = rows[("a", H0)], rows[("a", H1)]
+    assert (a0["done"], a0["err"], a0["relayed"], a0["deleted"], a0["error_rate"]) == (
+        3, 2, 0, 1, 0.4)
+    # run spans ending in H0: 1 1 2 10 30 100 300 300 -> p50 4th, p90 8th
+    assert (a0["run_p50"], a0["run_p90"], a0["run_p99"]) == (10.0, 300.0, 300.0)
+    assert (a0["wait_p50"], a0["wait_p90"]) == (10.0, 100.0)
+    assert (a1["err"], a1["error_rate"], a1["run_p50"], a1["wait_p50"]) == (1, 1.0, 3299.0, None)
+
+
+@needs_spark
+def test_messages_and_errors_tables(result: dict[str, Any]) -> None:
+    m = result["messages"]
+    assert m["m5"]["final_state"] is None and m["m5"]["wait_s"] == 10.0
+    assert (m["m8"]["final_state"], m["m8"]["final_ts"]) == ("deleted", T0 + 700)
+    assert (m["m3"]["recoveries"], m["m4"]["lease_expiries"], m["m2"]["resends"]) == (1, 2, 1)
+    assert m["m9"]["total_s"] is None and m["m9"]["first_ts"] == T0 + 5
+    assert len(m) == 10
+    assert result["errors"] == [
+        ("a", "HIT MAX RESEND COUNT - MOVING TO ERR", 1),
+        ("a", "LEASE EXPIRED - HIT MAX RESEND COUNT - MOVING TO ERR", 1), ("a", "boom", 1)]
+
+
+@needs_spark
+def test_same_millisecond_events_keep_their_file_order(spark: Any) -> None:
+    from rq.analytics import transform as T
+    # all in one ms, in the order the queue appended them: a resend (run -> que) and the
+    # restart (que -> run) in the same ms must chain as written, not by state name
+    events = [ev("q", "m", 9.0, None, "prep"), ev("q", "m", 9.0, "prep", "que"),
+              ev("q", "m", 9.0, "que", "run"), ev("q", "m", 9.0, "run", "que", "again", 0.0),
+              ev("q", "m", 9.0, "que", "run"), ev("q", "m", 9.0, "run", "done", "ok", 0.0)]
+    lines = spark.createDataFrame([(encode_event(e).decode()[:-1], False, i)
+                                   for i, e in enumerate(events)],
+                                  "value string, torn boolean, pos long")
+    msgs = T.message_table(T.window_events(T.check_lines(lines), None, None)).collect()
+    assert len(msgs) == 1
+    row = msgs[0]
+    assert (row["final_state"], row["resends"], row["total_s"], row["status"]) == (
+        "done", 1, 0.0, "ok")
+    assert sorted((s["kind"], s["s"]) for s in row["spans"]) == [
+        ("run", 0.0), ("run", 0.0), ("wait", 0.0), ("wait", 0.0)]
+
+
+# ---------------------------------------------------------------- pure parts (no Spark)
+
+
+def test_parse_options_times_and_conf() -> None:
+    now = 1_000_000.0
+    opts = job.parse_options("/r", {"since": "2h", "until": "1970-01-12T14:00:00Z",
+                                    "input": ["/x", "hdfs://n/y"], "conf": ["a=b", "c=d=e"],
+                                    "master": "spark://127.0.0.1:7077"}, now)
+    assert opts.since == now - 7200 and opts.until == 11 * 86400 + 14 * 3600
+    assert opts.inputs == ("/x", "hdfs://n/y") and opts.output == "/r/analytics"
+    assert opts.conf == {"a": "b", "c": "d=e"} and opts.master == "spark://127.0.0.1:7077"
+    assert job.parse_options("/r", {"since": "12.5"}, now).since == 12.5
+    assert job.parse_options("/r", {}, now).master == "local[*]"
+
+
+@pytest.mark.parametrize("flags,error", [
+    ({"since": "yesterday"}, "invalid --since: yesterday"),
+    ({"conf": ["novalue"]}, "invalid --conf novalue"),
+    ({"since": "20", "until": "10"}, "--since must be before --until"),
+    ({"output": True}, "needs a value"),
+])
+def test_parse_options_errors_are_one_line(flags: dict[str, Any], error: str) -> None:
+    with pytest.raises(AnalyticsError, match=error):
+        job.parse_options("/r", flags, 0.0)
+
+
+@pytest.mark.parametrize("text,major", [
+    ('openjdk version "17.0.15" 2025-04-15', 17), ('java version "1.8.0_392"', 8),
+    ('openjdk version "21" 2023-09-19', 21), ("garbage", None)])
+def test_java_major(text: str, major: int | None) -> None:
+    assert java_major(text) == major
+
+
+def test_publish_swaps_current_and_keeps_five(tmp_path: Path) -> None:
+    out = load.output_dir(str(tmp_path / "out"))
+    ids = [f"2026010{i}T000000Z-00000{i}" for i in range(1, 8)]
+    for run_id in ids:
+        work = load.partial_dir(out, run_id)
+        load.write_json(os.path.join(work, "summary.json"), {"run_id": run_id})
+        load.publish(out, run_id)
+        assert json.loads((tmp_path / "out" / "current" / "summary.json").read_text()) == {
+            "run_id": run_id}
+        load.prune(out, 0.0)
+    assert sorted(os.listdir(tmp_path / "out" / "runs")) == ids[-5:]
+    assert os.readlink(tmp_path / "out" / "current") == os.path.join("runs", ids[-1])
+
+
+def test_output_must_be_local() -> None:
+    with pytest.raises(AnalyticsError, match="must be a local directory"):
+        load.output_dir("hdfs://nn/out")
+
+
+def test_summary_of_nothing() -> None:
+    s = summary.build({"since": None, "until": None}, {}, [], [], [], [], [])
+    assert s["lines"] == {"read": 0, "valid": 0, "skipped": 0,
+                          "skipped_by_reason": {"torn": 0, "layout": 0, "crc": 0, "json": 0}}
+    assert s["queues"] == {} and s["total"]["wait"]["p50"] is None
+    assert s["total"]["throughput_per_hour"] == 0.0 and s["window"]["hours"] is None
