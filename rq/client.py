@@ -54,3 +54,92 @@ def call_queue(root: str, name: str, cmd: str, arg: Any = None, **kw: Any) -> An
 
 def call_mgr(root: str, cmd: str, arg: Any = None, **kw: Any) -> Any:
     return call(mgr_socket(root), cmd, arg, **kw)
+
+
+class Subscription:
+    """An S8.8 event stream on the manager socket: `next()` gives each frame's
+    decoded payload (events with `topic`, `overflow` records, and the
+    `["ok", patterns]` answers to `send`), None when `timeout` passes first."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buf = b""
+
+    def _frame(self) -> bytes | None:
+        if len(self._buf) < protocol.HEADER_LEN:
+            return None
+        size = protocol.parse_header(self._buf[:protocol.HEADER_LEN])
+        end = protocol.HEADER_LEN + size
+        if len(self._buf) < end:
+            return None
+        payload, self._buf = self._buf[protocol.HEADER_LEN:end], self._buf[end:]
+        return payload
+
+    def next(self, timeout: float | None = None) -> Any:
+        """The next payload; None on timeout; ConnectError when the stream ends."""
+        import json
+        self.sock.settimeout(timeout)
+        while True:
+            try:
+                payload = self._frame()
+            except ProtocolError as exc:
+                raise ConnectError("bad frame from rq-mgr") from exc
+            if payload is not None:
+                try:
+                    return json.loads(payload)
+                except ValueError as exc:
+                    raise ConnectError("bad frame from rq-mgr") from exc
+            try:
+                data = self.sock.recv(1 << 16)
+            except TimeoutError:
+                return None
+            except OSError as exc:
+                raise ConnectError(f"event stream ended: {exc.strerror or exc}") from exc
+            if not data:
+                raise ConnectError("event stream ended")
+            self._buf += data
+
+    def send(self, cmd: str, arg: Any) -> None:
+        """An in-stream `subscribe` or `unsubscribe` (its answer comes via next())."""
+        self.sock.sendall(protocol.encode_request(cmd, arg))
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def subscribe(root: str, patterns: list[str], since: float | None = None, *,
+              timeout: float = 30.0) -> Subscription:
+    """Open a subscription (S8.8).  Raises ConnectError when rq-mgr does not
+    answer, Fail(reason) when it refuses."""
+    from rq.errors import Fail
+    arg: dict[str, Any] = {"patterns": patterns}
+    if since is not None:
+        arg["since"] = since
+    path = mgr_socket(root)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except OSError as exc:
+        sock.close()
+        raise ConnectError(f"cannot connect to {path}: {exc.strerror or exc}") from exc
+    sub = Subscription(sock)
+    try:
+        sub.send("subscribe", arg)
+        reply = sub.next(timeout)
+    except (OSError, ConnectError) as exc:
+        sub.close()
+        raise ConnectError(f"no reply from {path}: {exc}") from exc
+    if reply != ["ok", "subscribed"]:
+        sub.close()
+        if isinstance(reply, list) and len(reply) >= 2 and reply[0] == "fail":
+            raise Fail(str(reply[1]))
+        raise ConnectError(f"no reply from {path}" if reply is None else
+                           f"unexpected reply from {path}: {protocol.dumps(reply)}")
+    return sub

@@ -43,6 +43,9 @@ def test_leaves_import_no_rq_module_but_errors(leaf: str) -> None:
 @pytest.mark.parametrize("owner,forbidden", [
     ("queue", "rq.mgr"), ("mgr", "rq.queue"), ("store.py", "rq.queue"), ("store.py", "rq.mgr"),
     ("fsops.py", "rq.store"), ("proc.py", "rq.store"), ("config.py", "rq.store"),
+    *[(a, f"rq.{b}") for a in ("timers", "scandir", "mgr", "queue")
+      for b in ("timers", "scandir", "mgr", "queue") if a != b],
+    ("dirwatch.py", "rq.timers"), ("dirwatch.py", "rq.scandir"),
 ])
 def test_daemons_and_layers_do_not_cross(owner: str, forbidden: str) -> None:
     for path in module_files(owner.removesuffix(".py")):

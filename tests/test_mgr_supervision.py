@@ -427,9 +427,8 @@ def test_malformed_frames(root: str, manager_for, data: bytes) -> None:
     assert mgr.call("ping") == ["pong"]
 
 
-@pytest.mark.parametrize("cmd", ["nosuch", "timers", "timers_status", "reserve", "report",
-                                 "renew", "subscribe", "unsubscribe", "PING"])
-def test_unknown_and_later_commands_answer_error(root: str, manager_for, cmd: str) -> None:
+@pytest.mark.parametrize("cmd", ["nosuch", "PING", "Reserve", "timer"])
+def test_unknown_commands_answer_error(root: str, manager_for, cmd: str) -> None:
     mgr = manager_for()
     assert mgr.call(cmd) == ["error"]
 

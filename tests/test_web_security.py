@@ -240,6 +240,17 @@ def first_line(path: str) -> bytes | None:
     return line if len(line) >= 8 else None
 
 
+def publish_analytics(root: Path) -> None:
+    """A minimal published analytics result (docs/analytics.md), so that
+    GET /stats.json answers 200 like every other GET route here."""
+    run = root / "analytics" / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(
+        '{"version":1,"run_id":"r1","total":{},"queues":{"test":{}}}')
+    (run / "hourly.json").write_text("[]")
+    (root / "analytics" / "current").symlink_to("runs/r1")
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     base = tmp_path_factory.mktemp("websec")
@@ -249,6 +260,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     root = build_root(base, tmpdir=str(base / "spool"), csrf_trusted_origins=[TRUSTED],
                       session_secret=SECRET, canary_secret=CFG_MARKER)
     make_queue(root, "victim", script=base / "done.sh")
+    publish_analytics(root)
     (base / "a.txt").write_text("attachment a\n")
     old_env = os.environ.get("RQ_TEST_ENV_CANARY")
     os.environ["RQ_TEST_ENV_CANARY"] = ENV_MARKER  # inherited by rq-mgr and its web server
@@ -421,6 +433,8 @@ def outside_snapshot(site: Site) -> dict[str, tuple]:
     snap = snapshot(site.base, lambda rel: rel == root_rel or rel.startswith(root_rel + os.sep))
     for top in (site.base.parent, site.base.parent.parent):
         for entry in os.scandir(top):
+            if top == site.base.parent.parent and re.fullmatch(r"pytest-\d+", entry.name):
+                continue  # other pytest runs' base dirs come and go (pytest keeps 3)
             st = entry.stat(follow_symlinks=False)
             size = st.st_size if entry.is_file(follow_symlinks=False) else 0
             snap[entry.path] = ("entry", size, st.st_mtime_ns if size else 0, str(st.st_ino))
@@ -905,6 +919,7 @@ def auth_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthSite]:
     root = build_root(base, basic_auth={"realm": REALM, "users": USERS},
                       relative_root="/therq", max_upload_bytes=4096,
                       csrf_trusted_origins=[TRUSTED])
+    publish_analytics(root)
     (base / "a.txt").write_text("a\n")
     mgr = Mgr(root)
     try:

@@ -4,8 +4,8 @@
 frozen); `python -m web --root ROOT` serves it with waitress, supervised by
 rq-mgr.  Blueprints: `api` (read-only JSON and text routes, metrics), `actions`
 (every POST route: messages, attachments, admin operations, queues), `files`
-(logs and attachments with Range, the log stream, tail views) and `ui` (HTML
-pages).
+(logs and attachments with Range, the log stream, tail views), `ui` (HTML
+pages) and `stats` (the analytics Stats pages, issue 5).
 Every change goes through the owning queue process or the manager.
 """
 
@@ -46,8 +46,8 @@ def create_app(root: str | None = None, *, main: MainConfig | None = None,
     app.config.update(overrides or {})
     errors.install(app)
     security.install(app)
-    from web import actions, api, files, ui
-    for blueprint in (api.bp, actions.bp, files.bp, ui.bp):
+    from web import actions, api, consumer, events, files, stats, ui
+    for blueprint in (api.bp, actions.bp, files.bp, ui.bp, stats.bp, events.bp, consumer.bp):
         app.register_blueprint(blueprint)
 
     @app.context_processor

@@ -8,8 +8,8 @@ memory, so a queue page never walks the done hashdir); otherwise counts from
 disk (`web.metrics.DiskCounts`).  Messages "as read" (S4.5), states and done
 ids are read from the store directly with the same read-only code the queue
 uses, looking a message up again when it moves under us (STYLE habit 2).
-Schedules (S9.4): `next` is computed here with croniter in the entry's `tz`
-(server-local time without one), `last` comes from `cron.state.json`.
+Schedules (S9.4): `next` and the tracking key come from `rq.cron` (the slot
+arithmetic the queue fires by), `last` from `cron.state.json`.
 Nothing here changes state.  The S18 exposition lives in `web.metrics`.
 """
 
@@ -22,15 +22,12 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
-from zoneinfo import ZoneInfo
 
-from croniter import croniter
 from flask import Blueprint, Response, current_app, jsonify, request
 from flask.blueprints import BlueprintSetupState
 
-from rq import protocol
+from rq import cron, protocol
 from rq.config import MainConfig, load_queue_config
 from rq.errors import ConfigError, ConnectError
 from rq.store import HASHED, Store
@@ -241,43 +238,19 @@ def matches(msg: dict[str, Any], query: dict[str, str], exact: bool) -> bool:
 # ---------------------------------------------------------------- schedules (S9.4)
 
 
-def schedule_key(entry: dict[str, Any]) -> str:
-    """S9.2 tracking key: `id` when given, else the compact sorted-key JSON of
-    the entry's `cron`, `tz` and params (those present)."""
-    if entry.get("id") is not None:
-        return str(entry["id"])
-    picked = {k: entry[k] for k in ("cron", "tz", *PARAMS) if entry.get(k) is not None}
-    return json.dumps(picked, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def next_slot(entry: dict[str, Any], last: float | None, now: float) -> int | None:
-    """The next slot to fire: the first after `last_fire`, but never one more
-    than 60 s past (those are skipped or caught up at once, S9.3)."""
-    base = now if last is None else max(last, now - 60)
-    spec = str(entry.get("cron", ""))
-    spec = spec.lower() if spec.startswith("@") else spec
-    try:
-        if entry.get("tz"):
-            start = datetime.fromtimestamp(base, ZoneInfo(entry["tz"]))
-            return int(croniter(spec, start).get_next(float))
-        # No tz: the server's local wall-clock time (naive), DST steps included.
-        slot = croniter(spec, datetime.fromtimestamp(base)).get_next(datetime)
-        return int(slot.timestamp())
-    except Exception:  # croniter raises many kinds; such an entry just has no next slot
-        return None
-
-
 def schedule_view(name: str, entries: list[Any], now: float) -> list[dict[str, Any]]:
     path = os.path.join(main_config().root, "queue", name, "cron.state.json")
     tracking = read_json_file(path)
     tracking = tracking if isinstance(tracking, dict) else {}
     out = []
     for entry in (e for e in entries if isinstance(e, dict)):
-        tracked = tracking.get(schedule_key(entry))
+        tracked = tracking.get(cron.schedule_key(entry))
         last = tracked.get("last_fire") if isinstance(tracked, dict) else None
         last = last if isinstance(last, (int, float)) and not isinstance(last, bool) else None
         item = {"cron": entry.get("cron"), "id": entry.get("id"),
-                "next": next_slot(entry, last, now), "last": last}
+                "next": cron.shown_next(str(entry.get("cron", "")), entry.get("tz") or None,
+                                        last, now),
+                "last": last}
         item.update({k: entry[k] for k in ("tz", *PARAMS) if entry.get(k) is not None})
         out.append(item)
     return out

@@ -291,6 +291,7 @@ def queue_page(name: str) -> str:
     api.require_queue(name)
     q = api.queue_entry(name, api.supervision())
     q["paused"], q["down"] = flag(name, "pause"), flag(name, "down")
+    q["schedule"] = schedule_view(name, time.time())  # S9.4 entries with Run Now
     lists = state_lists(name, q["ping"] == "pong", LIST_LIMIT)
     return render_template("queue.html", q=q, lists=lists, config_text=config_text(name),
                            limit=LIST_LIMIT)

@@ -6,10 +6,9 @@ Anything that reads or changes the supervised children goes through
 manager's loop thread.  Files that no process owns (admin flag files, a queue
 directory being built) are handled here directly.
 
-Not here yet (answered `["error"]` like unknown commands until the issues that
-add them): timers, timers_status, reserve, report, renew, subscribe,
-unsubscribe.  A bad frame or a non-JSON ARG never reaches this module: the
-Rq1Server answers `["fail","bad request"]` (S7.1).
+`reserve`, `report` and `renew` (S8.4) are handled by rq.mgr.consumer.  `subscribe` and
+`unsubscribe` hand the connection to rq.mgr.events_hub (S8.8).  A bad frame
+or a non-JSON ARG never reaches this module: the Rq1Server answers `["fail","bad request"]` (S7.1).
 """
 
 from __future__ import annotations
@@ -27,7 +26,9 @@ from rq import protocol
 from rq.client import call_queue
 from rq.config import QueueConfig, validate_queue_config
 from rq.errors import ConfigError, ConnectError
-from rq.mgr import queuedirs
+from rq.mgr import queuedirs, timercmds
+from rq.mgr.consumer import Consumers
+from rq.mgr.events_hub import serve_subscription
 
 if TYPE_CHECKING:
     from rq.mgr.supervisor import Manager
@@ -51,6 +52,7 @@ class Commands:
         self.root = manager.root
         self.queue_root = os.path.join(manager.root, "queue")
         self.fs = manager.fs
+        self.consumers = Consumers(manager.root)
         self.table: dict[str, Callable[[str | None], Reply]] = {
             "ping": lambda arg: ["pong"],
             "environment": lambda arg: [self.mgr.config.env],
@@ -63,11 +65,22 @@ class Commands:
             "delete_queue": self.delete_queue,
             "create_queue": self.create_queue,
             "create_queue_link": self.create_queue_link,
+            # S10.8: live from the timers daemon (rq.mgr.timercmds forwards).
+            "timers": lambda arg: timercmds.timers(self.root),
+            "timers_status": lambda arg: timercmds.timers_status(self.root),
+            # S8.2-S8.4: pull consumers (rq.mgr.consumer asks the queues).
+            "reserve": self.consumers.reserve,
+            "report": self.consumers.report,
+            "renew": self.consumers.renew,
         }
         for cmd, (verb, suffix, create) in FLAG_COMMANDS.items():
             self.table[cmd] = self._flag_handler(verb, suffix, create)
+        # S8.8: these keep the connection (rq.mgr.events_hub streams on it).
+        self.streams = frozenset({"subscribe", "unsubscribe"})
 
-    def handle(self, cmd: str, arg: str | None, conn: socket.socket) -> Reply:
+    def handle(self, cmd: str, arg: str | None, conn: socket.socket) -> Any:
+        if cmd in self.streams:
+            return serve_subscription(self.mgr.events_hub, cmd, arg, conn)
         handler = self.table.get(cmd)
         if handler is None:
             return ["error"]

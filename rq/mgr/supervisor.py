@@ -2,7 +2,7 @@
 
 Owns: the pid file and the manager socket of a root, the table of supervised
 children (one queue process per queue directory, and the singleton services
-of DAEMON_MODULES / SERVICES: the web server now, scandir and timers later),
+of DAEMON_MODULES / SERVICES: the web server, scandir and timers),
 the start-up order (the web server first: a `fatal` line from it, i.e. it
 cannot listen, fails start-up, S2.2 step 4), the main loop, signals
 (SIGTERM/SIGINT graceful stop, SIGHUP reload), reaping, restarts with
@@ -39,6 +39,7 @@ from rq.loop import Loop
 from rq.mgr import pidfile, queuedirs
 from rq.mgr.children import Child, Policy, State
 from rq.mgr.commands import Commands
+from rq.mgr.events_hub import EventHub
 from rq.protocol import describe_exit
 from rq.sockserve import Rq1Server
 
@@ -48,11 +49,13 @@ log = logging.getLogger(__name__)
 DAEMON_MODULES: dict[str, str] = {
     "queue": "rq.queue",
     "web": "web",
+    "scandir": "rq.scandir",
+    "timers": "rq.timers",
 }
 # Singleton daemons, stopped after the queues (S2.5).  Adding one: its module
 # above and its kind here, e.g. "scandir".  The web server is started before
 # the queues and waited for (S2.2 step 4); the others after them (step 6).
-SERVICES: tuple[str, ...] = ("web",)
+SERVICES: tuple[str, ...] = ("web", "scandir", "timers")
 WEB = "web"
 WEB_START_TIMEOUT = 15.0  # then start-up goes on with the web still STARTING
 STATUS_SERVICES = ("web", "scandir", "timers")  # keys of the S7.2 status reply
@@ -107,6 +110,7 @@ class Manager:
                                                 Future[Any]]] = queue.SimpleQueue()
         self._requests_lock = threading.Lock()
         self._closed = False
+        self.events_hub = EventHub(root)  # S8.8 subscriptions
 
     # ------------------------------------------------------------ start-up (S2.2)
 
@@ -122,6 +126,7 @@ class Manager:
             pidfile.remove_pid(self.root, os.getpid())
             raise RQError(
                 f"ERROR: cannot bind config/queuemgr.sock: {exc.strerror or exc}") from exc
+        self.events_hub.start()
         log.info("rq-mgr started, pid %d, root %s", os.getpid(), self.root)
         self.ready_deadline = time.monotonic() + READY_CAP  # the web's wait counts too
         if WEB in SERVICES:
@@ -235,6 +240,7 @@ class Manager:
         with self._requests_lock:
             self._closed = True
         self.run_requests()  # answer whatever is still queued
+        self.events_hub.stop()  # ends every subscription at once
         if self.server is not None:
             self.server.close()  # also removes the socket file
         pidfile.remove_pid(self.root, os.getpid())

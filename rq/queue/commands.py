@@ -64,7 +64,8 @@ class Commands:
         q = self.q
         with q.lock:
             return {"prep": len(q.index.prep), "que": len(q.index.que),
-                    "run": len(q.jobs) + len(q.unfinished), **q.index.counts}
+                    "run": len(q.jobs) + len(q.unfinished) + len(q.leases.active),
+                    **q.index.counts}
 
     def cmd_messages(self, data: Any) -> Any:
         state = data.get("state") if isinstance(data, dict) else None
@@ -92,9 +93,11 @@ class Commands:
 
     def _list_run(self, limit: int) -> Any:
         with self.q.lock:
-            jobs = sorted(self.q.jobs.values(), key=lambda j: j.msg_id, reverse=True)[:limit]
-            return [{"msg_id": j.msg_id, "status": j.status, "dest": j.fields.get("dest")}
-                    for j in jobs]
+            jobs: list[dict[str, Any]] = [
+                {"msg_id": j.msg_id, "status": j.status, "dest": j.fields.get("dest")}
+                for j in self.q.jobs.values()]
+            jobs += self.q.leases.listing()  # pull mode: with "consumer" (S7.3)
+            return sorted(jobs, key=lambda j: str(j["msg_id"]), reverse=True)[:limit]
 
     def _list_err(self, limit: int) -> Any:
         return [{"msg_id": i} for i in self.q.store.list_flat("err")[::-1][:limit]]
@@ -281,8 +284,11 @@ class Commands:
                 raise Fail(f"msg couldn't be deleted: {exc.strerror or exc}") from exc
             if state == "que":
                 item = q.index.remove_que(msg_id)
-                if item is not None and item.dup_of in q.jobs:
-                    dups = q.jobs[item.dup_of].dups
+                parent = q.jobs.get(item.dup_of or "") if item is not None else None
+                if parent is None and item is not None and item.dup_of in q.leases.active:
+                    parent = q.leases.active[item.dup_of].job
+                if item is not None and parent is not None:
+                    dups = parent.dups
                     if msg_id in dups:
                         dups.remove(msg_id)
             elif state == "prep":
@@ -296,6 +302,8 @@ class Commands:
         msg_id = self.msg_id(data)
         q = self.q
         with q.lock:
+            if q.leases.destroy(msg_id):  # S8.3: the lease ends, message to err
+                return ["ok", "msg destroyed"]
             job = q.jobs.get(msg_id)
             if job is None:
                 self.find(msg_id)
@@ -348,6 +356,56 @@ class Commands:
         except Fail:
             return ["fail", "msg couldn't be cloned"]
         return ["ok", self.q.full_id(new_id)]
+
+    # ------------------------------------------------------------ pull leases (S8.2, S8.3)
+    # Used by the manager's reserve/report/renew (rq/mgr/consumer.py).
+    def cmd_lease_candidate(self, _: Any) -> Any:
+        """["ok", [due, msg_id]] of the message a grant would take now, or ["ok", null]."""
+        self.pull_only()
+        with self.q.lock:
+            item = self.q.leases.candidate(time.time())
+            return ["ok", None if item is None else [item.due, item.msg_id]]
+
+    def cmd_grant_lease(self, data: Any) -> Any:
+        """{lease?, consumer?, wait?} -> ["ok", RES] or ["ok", null]."""
+        self.pull_only()
+        data = data if isinstance(data, dict) else {}
+        from rq.queue.leases import lease_length
+        length = lease_length(data.get("lease"), self.q.cfg.lease_timeout)
+        consumer = data.get("consumer")
+        wait = data.get("wait") or 0
+        if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= 60:
+            raise Fail("invalid wait")
+        return ["ok", self.q.leases.grant(length, consumer if isinstance(consumer, str)
+                                           else "anonymous", wait)]
+
+    def cmd_lease_wait(self, data: Any) -> Any:
+        """{timeout} -> ["ok", true] as soon as a grant could succeed, ["ok", false] after it."""
+        self.pull_only()
+        timeout = data.get("timeout") if isinstance(data, dict) else None
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) \
+                or not 0 <= timeout <= 60:
+            raise Fail("invalid timeout")
+        return ["ok", self.q.leases.wait_for_candidate(timeout)]
+
+    def cmd_lease_waiters(self, _: Any) -> Any:
+        """["ok", n]: reservations waiting in this queue now (tests, benchmarks)."""
+        with self.q.lock:
+            return ["ok", self.q.leases.waiting]
+
+    def cmd_report(self, data: Any) -> Any:
+        line = data.get("line") if isinstance(data, dict) else None
+        if not isinstance(line, str):
+            raise Fail("missing line")
+        return self.q.leases.report(self.msg_id(data), data.get("token"), line)
+
+    def cmd_renew(self, data: Any) -> Any:
+        msg_id = self.msg_id(data)
+        return self.q.leases.renew(msg_id, data.get("token"), data.get("lease"))
+
+    def pull_only(self) -> None:
+        if self.q.cfg.mode != "pull":
+            raise Fail("queue is not in pull mode")
 
     # ------------------------------------------------------------ helpers
     @staticmethod

@@ -27,7 +27,9 @@ from rq.events import EventLog
 from rq.fsops import FsOps
 from rq.loop import Loop
 from rq.queue import jobs as J
+from rq.queue.cron import Cron
 from rq.queue.index import Index
+from rq.queue.leases import Leases
 from rq.sockserve import Rq1Server
 from rq.store import Store
 
@@ -47,6 +49,7 @@ class QueueProcess:
         self.events = EventLog(main.root, main.host, cfg.name, fs)
         self.index = Index()
         self.lock = threading.RLock()
+        self.leases = Leases(self)            # pull mode: leases instead of jobs (S8)
         self.single_lock = threading.Lock()
         self.loop = Loop([signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD])
         self.jobs: dict[str, J.Job] = {}
@@ -70,6 +73,7 @@ class QueueProcess:
         self.lock_fd = -1
         from rq.queue.commands import Commands
         self.commands = Commands(self)
+        self.cron = Cron(self)  # S9: cron.state.json and firing
         self.server = Rq1Server(client.queue_socket(main.root, cfg.name), self.handle_request)
 
     def handle_request(self, cmd: str, arg: str | None, conn: Any) -> Any:
@@ -109,6 +113,7 @@ class QueueProcess:
             self.spawn_pending()
             self.reap()
             self.check_deadlines(time.monotonic())
+            self.cron.run_pass(time.time() if now is None else now)  # S9.3, any mode
             self.schedule(now)
         if time.monotonic() >= self.next_count_refresh:
             self.refresh_counts()
@@ -135,6 +140,11 @@ class QueueProcess:
                 timeout = min(timeout, max(0.0, at - mono))
             if self.stopping and self.group_kills:
                 timeout = min(timeout, 0.1)  # a stop ends as soon as those groups are gone
+            if self.cron.wake_at is not None:  # the next cron slot − 60 s (S9.3)
+                timeout = min(timeout, max(0.0, self.cron.wake_at - now) + 0.001)
+            lease_at = self.leases.next_deadline()  # lease expiry / timeout (S8.3)
+            if lease_at is not None:
+                timeout = min(timeout, max(0.0, lease_at - now) + 0.001)
             if self.stop_kill_at is not None:
                 timeout = min(timeout, max(0.0, self.stop_kill_at - mono))
             if self.to_spawn:
@@ -233,6 +243,8 @@ class QueueProcess:
 
     def recover_running(self, msg_id: str) -> None:
         path = self.store.msg_path("run", msg_id)
+        if self.leases.recover(msg_id, path, time.time()):
+            return  # an unexpired pull lease stays in run/ (S2.7, S8.3)
         info = _read_json(os.path.join(path, "proc.json"))
         pid = info.get("pid") if isinstance(info, dict) else None
         if isinstance(pid, int) and proc.alive_with_start(pid, info.get("start_time")):
@@ -265,10 +277,17 @@ class QueueProcess:
         """Re-count finished states from disk in the background (S7.3: within 60 s)."""
         self.next_count_refresh = time.monotonic() + COUNT_REFRESH
 
+        with self.lock:
+            before = dict(self.index.counts)
+
         def work() -> None:
             counts = self.count_finished()
             with self.lock:
-                self.index.counts = counts
+                # Completions and deletions while the disk was being counted are
+                # kept: apply the in-memory change since `before` to the count.
+                now = self.index.counts
+                self.index.counts = {k: max(0, counts.get(k, 0) + now.get(k, 0) - before.get(k, 0))
+                                     for k in set(counts) | set(now)}
         threading.Thread(target=work, daemon=True).start()
 
     # ================================================================ status (S3.5)
@@ -287,6 +306,7 @@ class QueueProcess:
     def schedule(self, now: float | None = None) -> None:
         """One scheduler pass; the caller holds self.lock."""
         now = time.time() if now is None else now
+        self.leases.schedule(now)  # pull mode (S8): lease deadlines, wake waiting reserves
         if self.stopping or self.cfg.mode != "script" or self.admin_status() != "UP":
             return
         if self.script_error:
@@ -611,7 +631,8 @@ class QueueProcess:
         self.events.log(msg_id, "run", state, status=outcome.status, count=job.fields.get("count"),
                         pid=job.pid or None, exit_code=code if job.pid else None,
                         duration=max(0.0, job.exit_wall - job.started_wall)
-                        if job.started_wall else None)
+                        if job.started_wall else None,
+                        extra=getattr(job, "event_extra", None))  # pull: "consumer" (S13.3)
         self.finish_dups(job, state, finished_dups)
         if state != "que" and job.fields.get("post_run_webhook"):
             self.fire_webhooks(msg_id, job.fields, state)

@@ -192,6 +192,12 @@
         postForm(url, {_method: "delete"}, "Delete", "danger", "Delete message " + e.msg_id + "?")));
     } else if (state === "run") {
       if (e.status) li.append(" ", el("span", {class: "stext", text: e.status}));
+      if (typeof e.consumer === "string") {  // pull mode (S8): who holds the lease, until when
+        const lease = el("span", {class: "lease"}, "leased by ",
+                         el("b", {class: "consumer", text: e.consumer}));
+        if (typeof e.lease_expires === "number") lease.append(", expires ", timeEl(e.lease_expires));
+        li.append(" ", lease);
+      }
       li.append(el("span", {class: "entry-actions"},
         postForm(url, {_method: "destroy"}, "Destroy", "danger",
                  "Destroy running message " + e.msg_id + "? Its job is killed.")));
@@ -221,6 +227,19 @@
     section.querySelector("p.empty").hidden = entries.length > 0;
   }
 
+  /* S9.4: the schedule entries' next times follow q/NAME.json. */
+  function updateScheduleTimes(entries) {
+    if (!Array.isArray(entries)) return;
+    document.querySelectorAll("#schedule .sched").forEach(function (div, i) {
+      const next = div.querySelector(".next");
+      const e = entries[i];
+      if (next && e && typeof e.next === "number" && next.dataset.epoch !== String(e.next)) {
+        next.dataset.epoch = String(e.next);
+        next.replaceChildren("next ", timeEl(e.next));
+      }
+    });
+  }
+
   function applyQueue(queue, d) {
     setText("q-status", d.status);
     setPill(document.getElementById("queue-status"), d.status);
@@ -235,6 +254,7 @@
     setText("q-ping", d.ping || "–");
     setText("q-pid", d.pid || "–");
     setText("q-uptime", duration(d.uptime));
+    updateScheduleTimes(d.schedule);
     if (!d.messages) return;
     for (const state of Object.keys(d.messages)) {
       updateList(queue, state, d.messages[state], d[state + "_size"]);
