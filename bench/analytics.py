@@ -213,7 +213,8 @@ def main() -> int:
               f"JVM peak RSS {hwm / 1024:.0f} MiB; target <= 120 s: "
               f"{'met' if total <= 120 else 'NOT met'}")
         print("  job stages (s): " + ", ".join(f"{k} {v:.1f}"
-                                              for k, v in result["stages_s"].items()))
+                                              for k, v in result["stages_s"].items())
+              + "; load avg after: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
         if not args.no_baseline:
             secs, counts, valid = baseline(data)
             print(f"baseline (one Python process, decode_line + per-queue counts): {secs:.1f} s, "

@@ -471,8 +471,8 @@ def test_held_job_completes_when_released(rig: Rig) -> None:
 
 def queue_lines(**status: str) -> str:
     """The expected `rq queues` output: every queue of the rig, UP unless given."""
-    base = {"adm": "UP", "cleaner": "UP", "relay": "UP", "sq": "PAUSE", "test": "UP",
-            "webhook": "UP", **status}
+    base = {"adm": "UP", "analytics": "UP", "cleaner": "UP", "relay": "UP", "sq": "PAUSE",
+            "test": "UP", "webhook": "UP", **status}
     return "".join(f"{name} {st}\n" for name, st in sorted(base.items()))
 
 
@@ -594,7 +594,7 @@ def test_fsck_and_stopped_manager(tmp_path: Path) -> None:
         second = rig.send("fq", "--dest", "/q/fq", "--param1", "b", module=True)
         for full in (first, second):
             assert rig.wait_state(full, *FINAL) == "done"
-        ok = "fsck: 4 queue(s), 2 message(s): OK\n"
+        ok = "fsck: 5 queue(s), 2 message(s): OK\n"
         rig.expect(("fsck",), 0, ok)
 
         msg_file = root / rig.message(first)["path"] / "msg"
@@ -605,7 +605,7 @@ def test_fsck_and_stopped_manager(tmp_path: Path) -> None:
         lines = res.out.splitlines()
         assert [line for line in lines if line.startswith("problem: ")] == \
             [f"problem: {where}: msg unreadable (JSONDecodeError)"]
-        assert lines[-1] == "fsck: 4 queue(s), 2 message(s): 1 problem(s)"
+        assert lines[-1] == "fsck: 5 queue(s), 2 message(s): 1 problem(s)"
         rig.expect(("showmesg", "--msg_id", first), 1, "fail msg couldn't be read\n")
         msg_file.write_text(json.dumps({"msg_id": short_id(second), "dest": "fq"}))
         res = rig.rq("fsck")
@@ -626,4 +626,4 @@ def test_fsck_and_stopped_manager(tmp_path: Path) -> None:
         rig.expect(args, 1, "", "rq: cannot connect to rq-mgr (is it running?)\n")
     # fsck reads the disk only: it works without a manager
     res = rig.rq("fsck")
-    assert res.code == 1 and res.out.endswith("fsck: 4 queue(s), 2 message(s): 1 problem(s)\n")
+    assert res.code == 1 and res.out.endswith("fsck: 5 queue(s), 2 message(s): 1 problem(s)\n")

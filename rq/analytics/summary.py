@@ -17,7 +17,7 @@ WAIT_EDGES = [0, 0.01, 0.1, 1, 10, 60, 600, 3600]
 TOP = 10
 Row = Mapping[str, Any]
 
-# grouping ids of transform's cube("queue", "hour")
+# grouping ids over (queue, hour) of transform's grouping sets (G_HOUR: summed here)
 G_QUEUE_HOUR, G_QUEUE, G_HOUR, G_ALL = 0, 1, 2, 3
 
 
@@ -76,6 +76,18 @@ def qsum(msg: Row | None, span: Row | None, hour_rows: Sequence[Row], errors: Se
         "busiest_hours": busiest(hour_rows),
         "wait_histogram": {"edges": list(WAIT_EDGES), "counts": bins},
     }
+
+
+def hour_totals(queue_hour_rows: Iterable[Row]) -> list[dict[str, Any]]:
+    """Per-hour counts by final state (the g = 2 rows) summed from the queue+hour rows."""
+    out: dict[int, dict[str, Any]] = {}
+    for r in queue_hour_rows:
+        if r.get("hour") is not None:
+            t = out.setdefault(int(r["hour"]), {"g": G_HOUR, "hour": int(r["hour"]),
+                                                **{s: 0 for s in (*FINAL, "deleted")}})
+            for s in (*FINAL, "deleted"):
+                t[s] += int(r.get(s) or 0)
+    return [out[h] for h in sorted(out)]
 
 
 def window(since: float | None, until: float | None,
@@ -144,7 +156,8 @@ def build(meta: Mapping[str, Any], line_counts: Row, msg_rows: Sequence[Row],
                                     "inputs", "master")},
         "window": {"start": num(start), "end": num(end), "hours": num(hours)},
         "lines": line_summary(line_counts),
-        "total": qsum(total_msg, one(span_rows, G_ALL), pick(msg_rows, G_HOUR), total_errs,
-                      all_slow, hours),
+        "total": qsum(total_msg, one(span_rows, G_ALL),
+                      pick(msg_rows, G_HOUR) or hour_totals(pick(msg_rows, G_QUEUE_HOUR)),
+                      total_errs, all_slow, hours),
         "queues": queues,
     }
