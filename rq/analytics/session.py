@@ -87,9 +87,6 @@ def default_conf(master: str, tmpdir: str) -> dict[str, str]:
     cores = os.cpu_count() or 2
     parallel = "2" if master == "local[1]" else str(max(2, 2 * cores))
     loopback = {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
-    # In local mode shuffle files never cross a network and stay in the page cache:
-    # compressing them only costs CPU.
-    local = {"spark.shuffle.compress": "false", "spark.shuffle.spill.compress": "false"}
     return {
         "spark.app.name": "rq-analytics",
         "spark.ui.enabled": "false",
@@ -117,7 +114,6 @@ def default_conf(master: str, tmpdir: str) -> dict[str, str]:
         "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "1000000",
         "spark.log.level": "ERROR",
         **(loopback if is_loopback(master) else {}),
-        **(local if master.startswith("local") else {}),
     }
 
 
