@@ -31,6 +31,11 @@ _RENAME_NOREPLACE = 1
 class FsOps:
     """The real filesystem.  Method names double as the fault-plan op names."""
 
+    # Whether the queue process may keep spare message directories (rq.spares):
+    # a background thread making them would make injected-fault sequences
+    # nondeterministic, so FaultyFsOps turns them off unless a plan asks.
+    spares = True
+
     def __init__(self) -> None:
         self._group_cond = threading.Condition()
         self._groups: dict[str, list[int]] = {}  # path -> [last ticket, synced up to, busy]
@@ -39,12 +44,15 @@ class FsOps:
         """Hook called before each operation; FaultyFsOps raises from here."""
 
     # -- files
-    def write_file_atomic(self, path: str, data: bytes, *, sync: bool = True) -> None:
+    def write_file_atomic(self, path: str, data: bytes, *, sync: bool = True,
+                          tmp: str | None = None) -> None:
         """Write `data` to `path` so readers see the old or the new content,
         never a partial file (S0.3.1).  With `sync`, the data and the name are
-        on stable storage when this returns."""
+        on stable storage when this returns.  `tmp` names the temporary file
+        (in the same directory; it may already exist, e.g. a spare's)."""
         directory, base = os.path.split(path)
-        tmp = os.path.join(directory, f".{base}.tmp{os.getpid()}.{threading.get_ident()}")
+        if tmp is None:
+            tmp = os.path.join(directory, f".{base}.tmp{os.getpid()}.{threading.get_ident()}")
         self.op("write")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
@@ -187,8 +195,10 @@ class FaultyFsOps(FsOps):
     call.  Example plan text (RQ_FS_FAULTS): `fsync:3:EIO,rename:2:ENOSPC`.
     """
 
-    def __init__(self, plan: Mapping[str, Mapping[int, int]], record: str | None = None) -> None:
+    def __init__(self, plan: Mapping[str, Mapping[int, int]], record: str | None = None,
+                 *, spares: bool = False) -> None:
         super().__init__()
+        self.spares = spares
         self.plan = {k: dict(v) for k, v in plan.items()}
         self.counts: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -222,6 +232,9 @@ def parse_fault_plan(text: str) -> tuple[dict[str, dict[int, int]], str | None]:
         if item.startswith("record="):
             record = item[len("record="):]
             continue
+        if item == "spares":  # keep rq.spares on (see FsOps.spares)
+            plan.setdefault("spares", {})
+            continue
         name, nth, err = item.split(":")
         plan.setdefault(name, {})[int(nth)] = getattr(errno, err)
     return plan, record
@@ -233,7 +246,7 @@ def from_environment(env: Mapping[str, str]) -> FsOps:
     if not text:
         return FsOps()
     plan, record = parse_fault_plan(text)
-    return FaultyFsOps(plan, record)
+    return FaultyFsOps(plan, record, spares=plan.pop("spares", None) is not None)
 
 
 def md5_file(path: str) -> tuple[str, int]:

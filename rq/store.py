@@ -1,6 +1,7 @@
 """Message directories of one queue (SPEC S3.2, S4): the only code that renames them.
 
-Owns: id allocation (S4.1: `mkdir prep/ID` is the atomic claim), the msg and
+Owns: id allocation (S4.1: `mkdir prep/ID`, or the no-clobber rename of a
+spare directory (rq.spares) to it, is the atomic claim), the msg and
 status files (S4.4, S4.6), state moves (one rename of the whole directory,
 refusing to clobber, S0.3.2), the done/relayed hashdir (S3.2), attachments
 (S4.8), lookup of a message by id in any state, and the message "as read"
@@ -24,7 +25,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from rq import message, protocol
+from rq import message, protocol, spares
 from rq.errors import Fail
 from rq.fsops import FsOps, md5_file
 
@@ -47,6 +48,7 @@ class Store:
         self.fs = fs or FsOps()
         self._counter = itertools.count(random.randrange(1_000_000, 9_000_000))
         self._id_lock = threading.Lock()
+        self.spares: spares.Spares | None = None  # set by the owning queue process
 
     # ------------------------------------------------------------ paths
     def state_dir(self, state: str) -> str:
@@ -156,6 +158,9 @@ class Store:
             if any(os.path.lexists(self.msg_path(s, msg_id)) for s in STATES[1:]):
                 continue
             path = os.path.join(prep, msg_id)
+            tmp = self._claim_spare(path)
+            if tmp is not None:
+                break
             try:
                 self.fs.mkdir(path)
                 break
@@ -164,7 +169,7 @@ class Store:
         try:
             fields["msg_id"] = msg_id  # the caller's dict becomes the stored fields
             fields.setdefault("orig_msg_id", protocol.full_id(base_url, self.name, msg_id))
-            self.write_msg(path, fields)
+            self.write_msg(path, fields, tmp=tmp)
             if sync_prep:
                 self.fs.fsync_dir_shared(prep)
         except BaseException:
@@ -172,10 +177,25 @@ class Store:
             raise
         return msg_id, path
 
-    def write_msg(self, path: str, fields: dict[str, Any], *, sync: bool = True) -> None:
+    def _claim_spare(self, path: str) -> str | None:
+        """Rename a spare directory (rq.spares) to `path`; the path of its msg
+        temp file, or None when there is no spare or `path` is taken (the
+        caller then makes the directory itself)."""
+        spare = self.spares.take() if self.spares is not None else None
+        if spare is None:
+            return None
+        try:
+            self.fs.rename_noreplace(spare, path)
+        except OSError:
+            _rmtree_quiet(spare)  # taken id, or a failed rename: mkdir decides
+            return None
+        return os.path.join(path, spares.TMP_NAME)
+
+    def write_msg(self, path: str, fields: dict[str, Any], *, sync: bool = True,
+                  tmp: str | None = None) -> None:
         stored = {k: fields[k] for k in message.STORED_FIELDS if k in fields}
         self.fs.write_file_atomic(os.path.join(path, "msg"),
-                                  protocol.dumps(stored).encode(), sync=sync)
+                                  protocol.dumps(stored).encode(), sync=sync, tmp=tmp)
 
     def write_status(self, path: str, text: str, *, sync: bool = False) -> None:
         self.fs.write_file_atomic(os.path.join(path, "status"),

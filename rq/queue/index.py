@@ -16,6 +16,8 @@ from sortedcontainers import SortedList
 
 from rq.queue.jobs import param_key
 
+LAST_ID = "\U0010ffff"  # sorts after every msg id: (due, LAST_ID) ends the entries at `due`
+
 
 @dataclass(slots=True)
 class QueItem:
@@ -70,14 +72,18 @@ class Index:
 
     def candidates(self) -> Any:
         """Que entries in scheduling order, skipping waiting dups."""
-        for _, msg_id in list(self.order):
+        # Lazy: callers stop early (a scheduler pass takes a few) and never
+        # change the index while iterating, so a copy of 100,000 entries per
+        # pass is not needed.
+        for _, msg_id in self.order:
             item = self.que.get(msg_id)
             if item is not None and item.dup_of is None:
                 yield item
 
     def next_wake(self, now: float) -> float | None:
         """The earliest future due among schedulable entries."""
-        for due, msg_id in self.order:
+        start = self.order.bisect_right((now, LAST_ID))  # entries already due: skipped
+        for due, msg_id in self.order.islice(start):
             item = self.que.get(msg_id)
             if item is not None and item.dup_of is None and due > now:
                 return due

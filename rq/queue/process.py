@@ -15,6 +15,7 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -27,9 +28,11 @@ from rq.events import EventLog
 from rq.fsops import FsOps
 from rq.loop import Loop
 from rq.queue import jobs as J
+from rq.queue.commands import INLINE_PASS
 from rq.queue.cron import Cron
 from rq.queue.index import Index
 from rq.queue.leases import Leases
+from rq.spares import Spares
 from rq.sockserve import Rq1Server
 from rq.store import Store
 
@@ -78,10 +81,13 @@ class QueueProcess:
 
     def handle_request(self, cmd: str, arg: str | None, conn: Any) -> Any:
         """Answer one socket request, then ask the loop for a scheduler pass (S2.6)."""
+        reply = None
         try:
-            return self.commands.handle(cmd, arg, conn)
+            reply = self.commands.handle(cmd, arg, conn)
+            return reply
         finally:
-            self.loop.wake()
+            if cmd not in INLINE_PASS or not reply or reply[0] != "ok":
+                self.loop.wake()
 
     # ================================================================ lifecycle
     def run(self) -> int:
@@ -89,6 +95,9 @@ class QueueProcess:
         self.take_lock_file()
         self.write_pid_file()
         self.recover()
+        if self.fs.spares:  # inode creation off the enqueue path (rq.spares)
+            self.store.spares = Spares(self.store.qdir)
+            self.store.spares.reset()
         self.server.start()
         if self.lifeline_fd is not None:
             self.loop.add_reader(self.lifeline_fd, self.on_lifeline)
@@ -100,6 +109,8 @@ class QueueProcess:
         self.server.close()
         self.remove_pid_file()
         self.events.close()
+        if self.store.spares is not None:
+            self.store.spares.close()
         log.info("queue %s stopped", self.name)
         return 0
 
@@ -379,10 +390,23 @@ class QueueProcess:
         """Create job/ and job/stdio.log before the reply (S6.1 step 2), so a
         client that follows the log of a message it just saw in run finds it."""
         job_dir = os.path.join(job.path, "job")
-        if not os.path.isdir(job_dir):
+        if not os.path.isdir(job_dir) and not self.claim_job_spare(job_dir):
             self.fs.mkdir(job_dir)
         log_path = os.path.join(job_dir, "stdio.log")
         os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644))
+
+    def claim_job_spare(self, job_dir: str) -> bool:
+        """Rename a spare `job` directory (rq.spares: an empty stdio.log
+        inside) to `job_dir`; False when there is none or the rename fails."""
+        spare = self.store.spares.take("job") if self.store.spares is not None else None
+        if spare is None:
+            return False
+        try:
+            self.fs.rename_noreplace(spare, job_dir)
+        except OSError:
+            shutil.rmtree(spare, ignore_errors=True)
+            return False
+        return True
 
     def spawn_pending(self) -> None:
         """Spawn the jobs that start_job moved into run/ (S6.1 steps 3-5).  The

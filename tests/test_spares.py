@@ -1,0 +1,205 @@
+"""Spare message directories (rq/spares.py): made ahead by a background thread,
+claimed by Store.allocate with one no-clobber rename (S4.1, S0.3.1).
+
+Covered: a create goes through a spare and leaves a clean message directory; a
+claim never clobbers an existing directory; leftovers of an earlier run are
+cleared at start; a queue that cannot make spares still enqueues (mkdir); and
+with spares on, failing each spool operation of a create in turn never gives
+an ok for a message that is not durable (crash test (2) of issue 2, spare path).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rq import spares
+from rq.fsck import check_root
+from rq.spares import Spares
+from rq.store import Store
+from rqtest import QueueProc, make_queue, wait_for
+
+ERRNOS = ("EIO", "ENOSPC")
+
+
+def spare_count(qdir: Path, kind: str = "msg") -> int:
+    base = qdir / spares.DIRNAME
+    return sum(n.startswith(kind + "-") for n in os.listdir(base)) if base.is_dir() else 0
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    root = tmp_path / "root"
+    for state in ("prep", "que", "run", "err", "done", "relayed"):
+        (root / "queue" / "s" / state).mkdir(parents=True)
+    st = Store(str(root), "s")
+    st.spares = Spares(st.qdir)
+    st.spares.reset()
+    wait_for(lambda: st.spares.ready() >= spares.HIGH, 10, what="spares made")
+    yield st
+    st.spares.close()
+
+
+def test_allocate_claims_a_spare_and_leaves_only_msg(store: Store) -> None:
+    spare_inodes = {os.stat(os.path.join(store.spares.base, n)).st_ino
+                    for n in os.listdir(store.spares.base) if n.startswith("msg-")}
+    fields = {"dest": "s", "param1": "p"}
+    msg_id, path = store.allocate(fields, 1_700_000_000.0, "http://h:1/")
+    assert os.stat(path).st_ino in spare_inodes  # the directory is a former spare
+    assert sorted(os.listdir(path)) == ["msg"]   # the temp file became msg, nothing left
+    assert Store.read_msg(path)["param1"] == "p"
+    assert store.spares.ready() == spares.HIGH - 1
+    assert spare_count(Path(store.qdir)) == spares.HIGH - 1
+
+
+def test_claim_never_clobbers_an_existing_directory(store: Store) -> None:
+    taken = Path(store.state_dir("prep")) / "20260101.0000.00.000.1"
+    taken.mkdir()
+    (taken / "keep").write_text("mine")
+    assert store._claim_spare(str(taken)) is None
+    assert (taken / "keep").read_text() == "mine"
+    assert sorted(os.listdir(taken)) == ["keep"]
+    assert spare_count(Path(store.qdir)) == spares.HIGH - 1  # the spare was dropped
+
+
+def test_refill_below_low_water(store: Store) -> None:
+    for i in range(spares.HIGH - spares.LOW + 1):
+        store.allocate({"dest": "s", "param1": str(i)}, 1_700_000_000.0, "http://h:1/")
+    wait_for(lambda: store.spares.ready() >= spares.HIGH, 10, what="refill")
+    assert len(os.listdir(store.state_dir("prep"))) == spares.HIGH - spares.LOW + 1
+
+
+def test_reset_clears_leftovers(tmp_path: Path) -> None:
+    qdir = tmp_path / "q"
+    (qdir / spares.DIRNAME / "msg-7").mkdir(parents=True)
+    (qdir / spares.DIRNAME / "msg-7" / spares.TMP_NAME).write_text("half")
+    sp = Spares(str(qdir))
+    sp.reset()
+    try:
+        wait_for(lambda: sp.ready("msg") >= spares.HIGH and sp.ready("job") >= spares.HIGH,
+                 10, what="spares made")
+        names = os.listdir(qdir / spares.DIRNAME)
+        assert len(names) == 2 * spares.HIGH
+        for name in names:
+            kind = name.split("-")[0]
+            assert os.listdir(qdir / spares.DIRNAME / name) == [spares.KINDS[kind]]
+            assert (qdir / spares.DIRNAME / name / spares.KINDS[kind]).stat().st_size == 0
+    finally:
+        sp.close()
+
+
+def test_queue_without_spares_still_enqueues(root: Path) -> None:
+    """`.spare` cannot be made (a file is in the way): enqueue falls back to mkdir."""
+    make_queue(root, "f", script="/bin/true")
+    (root / "config" / "f.pause").touch()
+    (root / "queue" / "f" / spares.DIRNAME).write_text("in the way")
+    q = QueueProc(root, "f")
+    try:
+        for _ in range(3):
+            assert q.call("create_message", {"dest": "f"})[0] == "ok"
+        assert q.call("num_messages")["que"] == 3
+    finally:
+        q.stop()
+    assert check_root(str(root)).problems == []
+
+
+def test_running_queue_keeps_spares_and_fsck_is_clean(root: Path) -> None:
+    make_queue(root, "f", script="/bin/true")
+    (root / "config" / "f.pause").touch()
+    qdir = root / "queue" / "f"
+    q = QueueProc(root, "f")
+    try:
+        wait_for(lambda: spare_count(qdir) >= spares.HIGH, 10, what="spares made")
+        ids = [q.call("create_message", {"dest": "f", "param1": str(i)})[1] for i in range(50)]
+        wait_for(lambda: spare_count(qdir) >= spares.LOW, 10, what="refill")
+    finally:
+        q.stop()
+    report = check_root(str(root))
+    assert report.problems == []
+    assert sorted(report.states["f"]) == sorted(i.rsplit("/", 1)[-1] for i in ids)
+    assert set(report.states["f"].values()) == {"que"}
+
+
+def test_job_start_claims_a_job_spare(root: Path, tmp_path: Path) -> None:
+    """S6.1: run/ID/job/ with its stdio.log comes from a `job` spare; the log
+    still starts with the RQ START header and holds the script's output."""
+    script = tmp_path / "hello.sh"
+    script.write_text('#!/bin/sh\necho hello-from-job\necho "done ok" >&3\n')
+    script.chmod(0o755)
+    make_queue(root, "j", script=str(script))
+    qdir = root / "queue" / "j"
+    q = QueueProc(root, "j")
+    try:
+        wait_for(lambda: spare_count(qdir, "job") >= spares.HIGH, 10, what="job spares")
+        full = q.call("create_message", {"dest": "j"})[1]
+        q.wait_state(full, "done")
+        assert spare_count(qdir, "job") == spares.HIGH - 1
+        log = q.call("get_message", {"msg_id": full})
+        assert log[0] == "ok"
+    finally:
+        q.stop()
+    stdio = next(root.glob("queue/j/done/*/*/*/*/job/stdio.log")).read_text()
+    assert stdio.startswith("\n") and "RQ START" in stdio.splitlines()[1], stdio  # S6.3
+    assert "hello-from-job" in stdio
+
+
+def learn_ops(root: Path, action) -> list[tuple[str, int]]:
+    record = root / "ops.txt"
+    q = QueueProc(root, "f", env={"RQ_FS_FAULTS": f"spares,record={record}"})
+    try:
+        wait_for(lambda: spare_count(root / "queue" / "f") >= spares.HIGH, 10, what="spares")
+        before = len(record.read_text().splitlines())
+        action(q)
+        lines = record.read_text().splitlines()[before:]
+    finally:
+        q.stop()
+    return [(op, int(n)) for op, n in (line.split() for line in lines)]
+
+
+def test_fault_each_enqueue_op_with_spares(root: Path) -> None:
+    """Spares on: each op of a create fails once in turn.  A claim whose rename
+    fails falls back to mkdir (the reply may then be ok); whatever the reply,
+    an ok'd message is committed and survives a restart, a failed one is not
+    in que, the daemon keeps serving and a retry succeeds."""
+    make_queue(root, "f", script="/bin/true")
+    (root / "config" / "f.pause").touch()
+
+    def create(q: QueueProc) -> list:
+        return q.call("create_message", {"dest": "f", "param1": "x"})
+
+    ops = learn_ops(root, create)
+    claim = ops[0]  # the claim's rename comes first; no mkdir on the request path
+    assert claim[0] == "rename" and "mkdir" not in {op for op, _ in ops}, ops
+    acked: set[str] = set(check_root(str(root)).states.get("f", {}))
+    outcome: dict[tuple[str, int, str], str] = {}
+    for op, nth in ops:
+        for err in ERRNOS:
+            env = {"RQ_FS_FAULTS": f"spares,{op}:{nth}:{err}"}
+            q = QueueProc(root, "f", env=env)
+            try:
+                wait_for(lambda: spare_count(root / "queue" / "f") >= spares.HIGH, 10,
+                         what="spares")
+                reply = create(q)
+                assert reply[0] in ("ok", "fail"), reply
+                outcome[(op, nth, err)] = reply[0]
+                if reply[0] == "ok":
+                    acked.add(reply[1])
+                assert q.call("ping") == ["pong"]
+                retry = create(q)
+                assert retry[0] == "ok", (op, nth, err, retry)
+                acked.add(retry[1])
+            finally:
+                q.stop()
+            report = check_root(str(root))
+            assert report.problems == [], (op, nth, err, report.problems)
+            states = report.states["f"]
+            for full in acked:
+                assert states.get(full.rsplit("/", 1)[-1]) == "que", (op, nth, err, full)
+            assert {i for i, s in states.items() if s == "que"} == \
+                {a.rsplit("/", 1)[-1] for a in acked}
+    # the claim's own rename failing is survivable: that create was still ok'd
+    assert outcome[(*claim, "EIO")] == "ok", outcome
+    # a failed fsync of the msg file is a failed create
+    assert outcome[(*next(o for o in ops if o[0] == "fsync"), "EIO")] == "fail", outcome
