@@ -1,14 +1,18 @@
 """Spare message directories made ahead of need, off the request path.
 
-Owns `queue/NAME/.spare/`: a background thread keeps a few empty directories
-there of each kind: `msg-N/` holding an empty `msg` temp file (`.msg.spare`),
-`job-N/` holding an empty `stdio.log`.  Creating an inode is the dearest step
-of a durable enqueue on ext4 (a `mkdir` plus a file create cost 0.3-1 ms of
-kernel time while the journal is busy with the previous message's fsyncs,
-against ~20 us for a rename), so Store.allocate claims a `msg` spare with one
+Owns `queue/NAME/.spare/`: a background thread keeps a few spares of each
+kind there: `msg-N/` holding an empty `msg` temp file (`.msg.spare`), `job-N/`
+holding an empty `stdio.log`, and plain empty files `file-N`.  Creating an
+inode is the dearest step of a durable enqueue on ext4 (a `mkdir` plus a file
+create cost 0.3-1 ms of kernel time while the journal is busy with the
+previous message's fsyncs or recently deleted inodes are skipped, against
+~20 us for a rename), so Store.allocate claims a `msg` spare with one
 no-clobber rename to `prep/ID` and writes the msg file through the existing
-temp file, and a job start claims a `job` spare as `run/ID/job/` (S6.1); the
-fsyncs that make a message durable are unchanged (S0.3.1, S4.1).
+temp file, a job start claims a `job` spare as `run/ID/job/` (S6.1), and the
+small files written per job (pid, proc.json, status) go through a `file`
+spare renamed over their target (as atomic as a rename from a temp file
+beside the target: same filesystem, S0.3.1).  The fsyncs that make a message
+durable are unchanged (S4.1).
 
 Spares hold no data: they need no fsync, a crash may leave or lose some, and
 `reset()` at queue start clears whatever is there.  A failure to make spares
@@ -29,7 +33,9 @@ log = logging.getLogger(__name__)
 
 DIRNAME = ".spare"
 TMP_NAME = ".msg.spare"
-KINDS = {"msg": TMP_NAME, "job": "stdio.log"}  # kind -> the empty file inside
+# kind -> the empty file inside the spare directory; "" = the spare is a plain empty file
+# (the temporary file of a small atomic write: pid, proc.json, status)
+KINDS = {"msg": TMP_NAME, "job": "stdio.log", "file": ""}
 LOW, HIGH = 8, 32      # refill when fewer than LOW are ready, up to HIGH
 RETRY_AFTER = 5.0      # seconds to wait after a failure to make one
 
@@ -102,6 +108,9 @@ class Spares:
     def _make(self, kind: str) -> str:
         self._serial += 1
         path = os.path.join(self.base, f"{kind}-{self._serial}")
+        if not KINDS[kind]:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+            return path
         os.mkdir(path, 0o755)
         os.close(os.open(os.path.join(path, KINDS[kind]),
                          os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))

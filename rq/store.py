@@ -198,8 +198,21 @@ class Store:
                                   protocol.dumps(stored).encode(), sync=sync, tmp=tmp)
 
     def write_status(self, path: str, text: str, *, sync: bool = False) -> None:
-        self.fs.write_file_atomic(os.path.join(path, "status"),
-                                  protocol.dumps({"job_status": text}).encode(), sync=sync)
+        self.write_file(os.path.join(path, "status"),
+                        protocol.dumps({"job_status": text}).encode(), sync=sync)
+
+    def write_file(self, path: str, data: bytes, *, sync: bool = False) -> None:
+        """fs.write_file_atomic through a spare temp file (rq.spares) when one
+        is ready, else through a temp file beside `path` (also when the spare
+        fails: rewriting the same content is harmless)."""
+        tmp = self.spares.take("file") if self.spares is not None else None
+        if tmp is not None:
+            try:
+                self.fs.write_file_atomic(path, data, sync=sync, tmp=tmp)
+                return
+            except OSError:
+                _unlink_quiet(tmp)
+        self.fs.write_file_atomic(path, data, sync=sync)
 
     def move(self, msg_id: str, src: str, dst: str, *, sync: bool = True) -> str:
         """Rename the message directory from state `src` to `dst` (one rename,

@@ -78,14 +78,17 @@ def test_reset_clears_leftovers(tmp_path: Path) -> None:
     sp = Spares(str(qdir))
     sp.reset()
     try:
-        wait_for(lambda: sp.ready("msg") >= spares.HIGH and sp.ready("job") >= spares.HIGH,
+        wait_for(lambda: all(sp.ready(k) >= spares.HIGH for k in spares.KINDS),
                  10, what="spares made")
         names = os.listdir(qdir / spares.DIRNAME)
-        assert len(names) == 2 * spares.HIGH
+        assert len(names) == len(spares.KINDS) * spares.HIGH
         for name in names:
             kind = name.split("-")[0]
-            assert os.listdir(qdir / spares.DIRNAME / name) == [spares.KINDS[kind]]
-            assert (qdir / spares.DIRNAME / name / spares.KINDS[kind]).stat().st_size == 0
+            path = qdir / spares.DIRNAME / name
+            if spares.KINDS[kind]:
+                assert os.listdir(path) == [spares.KINDS[kind]]
+                path = path / spares.KINDS[kind]
+            assert path.is_file() and path.stat().st_size == 0
     finally:
         sp.close()
 
@@ -122,9 +125,10 @@ def test_running_queue_keeps_spares_and_fsck_is_clean(root: Path) -> None:
     assert set(report.states["f"].values()) == {"que"}
 
 
-def test_job_start_claims_a_job_spare(root: Path, tmp_path: Path) -> None:
-    """S6.1: run/ID/job/ with its stdio.log comes from a `job` spare; the log
-    still starts with the RQ START header and holds the script's output."""
+def test_job_start_claims_job_and_file_spares(root: Path, tmp_path: Path) -> None:
+    """S6.1: run/ID/job/ with its stdio.log comes from a `job` spare, pid,
+    proc.json and status from `file` spares; the log still starts with the
+    RQ START header and holds the script's output, the files their content."""
     script = tmp_path / "hello.sh"
     script.write_text('#!/bin/sh\necho hello-from-job\necho "done ok" >&3\n')
     script.chmod(0o755)
@@ -136,11 +140,16 @@ def test_job_start_claims_a_job_spare(root: Path, tmp_path: Path) -> None:
         full = q.call("create_message", {"dest": "j"})[1]
         q.wait_state(full, "done")
         assert spare_count(qdir, "job") == spares.HIGH - 1
+        # pid, proc.json and the final status went through `file` spares
+        assert spare_count(qdir, "file") == spares.HIGH - 3
         log = q.call("get_message", {"msg_id": full})
         assert log[0] == "ok"
     finally:
         q.stop()
-    stdio = next(root.glob("queue/j/done/*/*/*/*/job/stdio.log")).read_text()
+    done = next(root.glob("queue/j/done/*/*/*/*"))
+    assert (done / "status").read_text() == '{"job_status":"ok"}'
+    assert sorted(os.listdir(done)) == ["job", "msg", "status"]  # pid files go at the end (S4.6)
+    stdio = (done / "job" / "stdio.log").read_text()
     assert stdio.startswith("\n") and "RQ START" in stdio.splitlines()[1], stdio  # S6.3
     assert "hello-from-job" in stdio
 

@@ -471,10 +471,9 @@ class QueueProcess:
         info = {"pid": job.pid, "pgid": job.pid, "start_time": started,
                 "started": round(job.started_wall, 3)}
         try:  # the job runs already: a failed write here must not undo the start
-            self.fs.write_file_atomic(os.path.join(job.path, "pid"), f"{job.pid}\n".encode(),
-                                      sync=False)
-            self.fs.write_file_atomic(os.path.join(job.path, "proc.json"),
-                                      protocol.dumps(info).encode(), sync=False)
+            self.store.write_file(os.path.join(job.path, "pid"), f"{job.pid}\n".encode())
+            self.store.write_file(os.path.join(job.path, "proc.json"),
+                                  protocol.dumps(info).encode())
         except OSError as exc:
             log.error("cannot record pid of job %s: %s", job.msg_id, exc)
 
