@@ -876,3 +876,20 @@ def test_queue_not_running(mgr_root: Path, client: FlaskClient) -> None:
         assert is_json_fail(client.post(path, data=data), 503, "Queue not running")
     resp = client.post("/q/deadq/20000101.0000.00.000.1", data={"_method": "delete"})
     assert is_error_page(resp, 503, "Queue not running")
+
+
+def test_session_serializer_is_built_once_and_still_verifies(client: FlaskClient,
+                                                            adminq: str) -> None:
+    """web.FrozenKeySessionInterface: one signing serializer per secret key
+    (config frozen), flashes still round-trip, a tampered cookie is ignored."""
+    app = client.application
+    first = app.session_interface.get_signing_serializer(app)
+    assert app.session_interface.get_signing_serializer(app) is first
+    client.post(f"/q/{adminq}/adminoper", data={"resume": "1"})
+    cookie = client.get_cookie("rq_session")
+    assert cookie is not None and cookie.value
+    tampered = cookie.value[:-2] + ("AA" if cookie.value[-2:] != "AA" else "BB")
+    client.set_cookie("rq_session", tampered)
+    assert f"Successfully resumed queue {adminq}" not in client.get(f"/q/{adminq}").get_data(
+        as_text=True)
+    assert app.session_interface.get_signing_serializer(app) is first
