@@ -49,7 +49,8 @@ class FsOps:
         """Write `data` to `path` so readers see the old or the new content,
         never a partial file (S0.3.1).  With `sync`, the data and the name are
         on stable storage when this returns.  `tmp` names the temporary file
-        (in the same directory; it may already exist, e.g. a spare's)."""
+        (beside `path` by default; any path on the same filesystem works, and
+        it may already exist, e.g. a spare of rq.spares)."""
         directory, base = os.path.split(path)
         if tmp is None:
             tmp = os.path.join(directory, f".{base}.tmp{os.getpid()}.{threading.get_ident()}")

@@ -152,14 +152,15 @@ class Store:
         `sync_prep` the prep/ entry is too (a later commit rename followed by
         an fsync of que/ makes it durable otherwise)."""
         prep = self.state_dir("prep")
+        tmp: str | None = None  # the msg temp file inside a claimed spare
         while True:
             with self._id_lock:
                 msg_id = new_msg_id(now, next(self._counter))
             if any(os.path.lexists(self.msg_path(s, msg_id)) for s in STATES[1:]):
                 continue
             path = os.path.join(prep, msg_id)
-            tmp = self._claim_spare(path)
-            if tmp is not None:
+            if self.claim_spare("msg", path):
+                tmp = os.path.join(path, spares.TMP_NAME)
                 break
             try:
                 self.fs.mkdir(path)
@@ -177,19 +178,19 @@ class Store:
             raise
         return msg_id, path
 
-    def _claim_spare(self, path: str) -> str | None:
-        """Rename a spare directory (rq.spares) to `path`; the path of its msg
-        temp file, or None when there is no spare or `path` is taken (the
-        caller then makes the directory itself)."""
-        spare = self.spares.take() if self.spares is not None else None
+    def claim_spare(self, kind: str, path: str) -> bool:
+        """Rename a spare of `kind` (rq.spares) to `path`, never clobbering;
+        False when there is none or the rename fails (the caller then makes
+        `path` itself: a taken id, for instance, fails its mkdir too)."""
+        spare = self.spares.take(kind) if self.spares is not None else None
         if spare is None:
-            return None
+            return False
         try:
             self.fs.rename_noreplace(spare, path)
         except OSError:
-            _rmtree_quiet(spare)  # taken id, or a failed rename: mkdir decides
-            return None
-        return os.path.join(path, spares.TMP_NAME)
+            _rmtree_quiet(spare)
+            return False
+        return True
 
     def write_msg(self, path: str, fields: dict[str, Any], *, sync: bool = True,
                   tmp: str | None = None) -> None:

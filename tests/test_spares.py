@@ -58,7 +58,7 @@ def test_claim_never_clobbers_an_existing_directory(store: Store) -> None:
     taken = Path(store.state_dir("prep")) / "20260101.0000.00.000.1"
     taken.mkdir()
     (taken / "keep").write_text("mine")
-    assert store._claim_spare(str(taken)) is None
+    assert store.claim_spare("msg", str(taken)) is False
     assert (taken / "keep").read_text() == "mine"
     assert sorted(os.listdir(taken)) == ["keep"]
     assert spare_count(Path(store.qdir)) == spares.HIGH - 1  # the spare was dropped

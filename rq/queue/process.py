@@ -15,7 +15,6 @@ import errno
 import fcntl
 import logging
 import os
-import shutil
 import signal
 import threading
 import time
@@ -390,23 +389,10 @@ class QueueProcess:
         """Create job/ and job/stdio.log before the reply (S6.1 step 2), so a
         client that follows the log of a message it just saw in run finds it."""
         job_dir = os.path.join(job.path, "job")
-        if not os.path.isdir(job_dir) and not self.claim_job_spare(job_dir):
+        if not os.path.isdir(job_dir) and not self.store.claim_spare("job", job_dir):
             self.fs.mkdir(job_dir)
         log_path = os.path.join(job_dir, "stdio.log")
         os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644))
-
-    def claim_job_spare(self, job_dir: str) -> bool:
-        """Rename a spare `job` directory (rq.spares: an empty stdio.log
-        inside) to `job_dir`; False when there is none or the rename fails."""
-        spare = self.store.spares.take("job") if self.store.spares is not None else None
-        if spare is None:
-            return False
-        try:
-            self.fs.rename_noreplace(spare, job_dir)
-        except OSError:
-            shutil.rmtree(spare, ignore_errors=True)
-            return False
-        return True
 
     def spawn_pending(self) -> None:
         """Spawn the jobs that start_job moved into run/ (S6.1 steps 3-5).  The
