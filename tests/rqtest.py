@@ -413,3 +413,21 @@ class LifelineQueueProc(QueueProc):
         code = super().stop(timeout)
         self.close_lifeline()
         return code
+
+
+def learn_ops(root: Path, name: str, action, *, plan: str = "",
+              ready=None) -> list[tuple[str, int]]:
+    """Run `action(q)` on a recording queue process; return the (op, nth)
+    sequence the action caused, after start-up.  `plan` prefixes the fault
+    plan (e.g. `spares,`); `ready(q)` is awaited before the action."""
+    record = root / f"ops-{name}.txt"
+    q = QueueProc(root, name, env={"RQ_FS_FAULTS": f"{plan}record={record}"})
+    try:
+        if ready is not None:
+            wait_for(lambda: ready(q), 10, what="queue ready for the action")
+        before = len(record.read_text().splitlines())
+        action(q)
+        lines = record.read_text().splitlines()[before:]
+    finally:
+        q.stop()
+    return [(op, int(n)) for op, n in (line.split() for line in lines)]

@@ -15,26 +15,12 @@ from pathlib import Path
 import pytest
 
 from rq.fsck import check_root
-from rqtest import QueueProc, make_queue, wait_for, write_script
+from rqtest import QueueProc, learn_ops, make_queue, wait_for, write_script
 
 ERRNOS = ("EIO", "ENOSPC")
 # Operations whose failure must turn the reply into "fail".  A failed event-log
 # append is not a durability failure: the message itself is safe (S13.1).
 DURABILITY_OPS = {"mkdir", "write", "fsync", "rename", "link", "unlink"}
-
-
-def learn_ops(root: Path, name: str, action) -> list[tuple[str, int]]:
-    """Run `action(q)` on a recording queue process; return the (op, nth)
-    sequence the action caused, after start-up."""
-    record = root / f"ops-{name}.txt"
-    q = QueueProc(root, name, env={"RQ_FS_FAULTS": f"record={record}"})
-    try:
-        before = len(record.read_text().splitlines())
-        action(q)
-        lines = record.read_text().splitlines()[before:]
-    finally:
-        q.stop()
-    return [(op, int(n)) for op, n in (line.split() for line in lines)]
 
 
 def committed(root: Path, name: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ from rq import spares
 from rq.fsck import check_root
 from rq.spares import Spares
 from rq.store import Store
-from rqtest import QueueProc, make_queue, wait_for
+from rqtest import QueueProc, learn_ops, make_queue, wait_for
 
 ERRNOS = ("EIO", "ENOSPC")
 
@@ -154,19 +154,6 @@ def test_job_start_claims_job_and_file_spares(root: Path, tmp_path: Path) -> Non
     assert "hello-from-job" in stdio
 
 
-def learn_ops(root: Path, action) -> list[tuple[str, int]]:
-    record = root / "ops.txt"
-    q = QueueProc(root, "f", env={"RQ_FS_FAULTS": f"spares,record={record}"})
-    try:
-        wait_for(lambda: spare_count(root / "queue" / "f") >= spares.HIGH, 10, what="spares")
-        before = len(record.read_text().splitlines())
-        action(q)
-        lines = record.read_text().splitlines()[before:]
-    finally:
-        q.stop()
-    return [(op, int(n)) for op, n in (line.split() for line in lines)]
-
-
 def test_fault_each_enqueue_op_with_spares(root: Path) -> None:
     """Spares on: each op of a create fails once in turn.  A claim whose rename
     fails falls back to mkdir (the reply may then be ok); whatever the reply,
@@ -178,7 +165,8 @@ def test_fault_each_enqueue_op_with_spares(root: Path) -> None:
     def create(q: QueueProc) -> list:
         return q.call("create_message", {"dest": "f", "param1": "x"})
 
-    ops = learn_ops(root, create)
+    ops = learn_ops(root, "f", create, plan="spares,",
+                    ready=lambda q: spare_count(root / "queue" / "f") >= spares.HIGH)
     claim = ops[0]  # the claim's rename comes first; no mkdir on the request path
     assert claim[0] == "rename" and "mkdir" not in {op for op, _ in ops}, ops
     acked: set[str] = set(check_root(str(root)).states.get("f", {}))
