@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 READ_TIMEOUT = 30.0
 SPARE_WORKERS = 4
+REPLY_GRACE = 2.0  # close() waits this long at most for replies being written
 
 
 BAD_REQUEST = ["fail", "bad request"]
@@ -88,10 +89,15 @@ class Rq1Server:
         self._sock = sock
         self._spare_lock = threading.Lock()
         self._idle = 0
+        self._busy = 0                       # connections being answered
+        self._busy_cond = threading.Condition()
         for _ in range(SPARE_WORKERS):
             self._add_worker()
 
-    def close(self) -> None:
+    def close(self, reply_grace: float = REPLY_GRACE) -> None:
+        """Stop accepting, then wait (at most `reply_grace` s) for the replies
+        being written, so e.g. the "ok" of `shutdown` reaches its client
+        before the process exits."""
         sock, self._sock = self._sock, None
         if sock is not None:
             try:
@@ -103,6 +109,10 @@ class Rq1Server:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+            deadline = time.monotonic() + reply_grace
+            with self._busy_cond:
+                while self._busy and time.monotonic() < deadline:
+                    self._busy_cond.wait(max(0.0, deadline - time.monotonic()))
 
     def _add_worker(self) -> None:
         with self._spare_lock:
@@ -136,6 +146,8 @@ class Rq1Server:
 
     def _serve(self, conn: socket.socket) -> None:
         keep = False
+        with self._busy_cond:
+            self._busy += 1
         try:
             conn.settimeout(READ_TIMEOUT)
             reply = self._dispatch(conn)
@@ -150,6 +162,9 @@ class Rq1Server:
         finally:
             if not keep:
                 conn.close()
+            with self._busy_cond:
+                self._busy -= 1
+                self._busy_cond.notify_all()
 
     def _dispatch(self, conn: socket.socket) -> Any:
         try:
