@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from rqtest import make_queue, short_id, wait_for, write_script
 
-from rq import __version__, client
+from rq import __version__, client, cron
 from rq.config import load_main_config
 from rq.store import new_msg_id
 
@@ -296,7 +296,9 @@ def test_dashboard_schedule_entries_with_next_time_and_run_now(client: Any,
     assert [e.one("code", "cron").text for e in entries] == ["*/5 * * * *", "@daily"]
     now = time.time()
     nexts = [float(e.one("time", "rel").get("data-epoch") or 0) for e in entries]
-    assert now < nexts[0] <= now + 300 + 1
+    # S9.3 fires a slot up to WINDOW s early: within a minute before a 5-minute
+    # boundary the queue may already have fired it, and `next` is the one after
+    assert now < nexts[0] <= now + 300 + cron.WINDOW
     assert nexts[1] % 86400 == 0 and now < nexts[1] <= now + 86400
     form = entries[0].one("form")
     assert form.get("action") == "/q/sched/new_message" and form.get("method") == "post"
