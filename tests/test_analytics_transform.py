@@ -199,6 +199,11 @@ def test_s13_4_check_lines_on_single_lines(spark: Any) -> None:
          "json"),                                               # ts not a number
         (raw_line('{"ts":1,"queue":"é","msg_id":"m","to":"que"}'.encode()).decode()[:-1],
          False, None),                                          # CRC over UTF-8 bytes
+        (raw_line('{"ts":1,"queue":"q","msg_id":"m","to":"que","status":"✓ ü"}'.encode())
+         .decode()[:-1], False, None),              # byte offsets, not character positions
+        ('{"crc32":"é000000","event":{"ts":1,"queue":"q","msg_id":"m","to":"que"}}', False,
+         "layout"),                                 # 8 bytes, but not 8 hex digits
+        (raw_line(b'{"ts":1,"queue":"q",').decode()[:-1], False, "json"),  # CRC ok, cut JSON
     ]
     df = spark.createDataFrame([(v, t) for v, t, _ in cases], "value string, torn boolean")
     got = [r["reason"] for r in T.check_lines(df).collect()]
