@@ -77,6 +77,23 @@ class FsOps:
         if sync:
             self.fsync_dir(directory)
 
+    def write_file_private(self, path: str, data: bytes, *, sync: bool = True) -> None:
+        """Write `data` over the existing file `path` in place.  Only for a file no
+        reader can see yet (inside a spare of rq.spares, published afterwards by a
+        rename of its directory): no temporary file, no rename.  With `sync`, the
+        data is on stable storage when this returns."""
+        self.op("write")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if sync:
+                self.op("fsync")
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def fsync_dir(self, path: str) -> None:
         self.op("fsync")
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -1,20 +1,23 @@
 """Spare message directories made ahead of need, off the request path.
 
 Owns `queue/NAME/.spare/`: a background thread keeps a few spares of each
-kind there: `msg-N/` holding an empty `msg` temp file (`.msg.spare`), `job-N/`
-holding an empty `stdio.log`, and plain empty files `file-N`.  Creating an
-inode is the dearest step of a durable enqueue on ext4 (a `mkdir` plus a file
-create cost 0.3-1 ms of kernel time while the journal is busy with the
-previous message's fsyncs or recently deleted inodes are skipped, against
-~20 us for a rename), so Store.allocate claims a `msg` spare with one
-no-clobber rename to `prep/ID` and writes the msg file through the existing
-temp file, a job start claims a `job` spare as `run/ID/job/` (S6.1), and the
-small files written per job (pid, proc.json, status) go through a `file`
-spare renamed over their target (as atomic as a rename from a temp file
-beside the target: same filesystem, S0.3.1).  The fsyncs that make a message
-durable are unchanged (S4.1).
+kind there: `msg-N/` holding an empty `msg` file, `job-N/` holding an empty
+`stdio.log`, and plain empty files `file-N`.  Creating an inode is the dearest
+step of a durable enqueue on ext4 (a `mkdir` plus a file create cost 0.3-1 ms
+of kernel time while the journal is busy with the previous message's fsyncs or
+recently deleted inodes are skipped, against ~20 us for a rename), so
+Store.allocate writes and fsyncs a message's msg inside a `msg` spare and then
+publishes the whole directory as `prep/ID` with one no-clobber rename (S4.1);
+a job start claims a `job` spare as `run/ID/job/` (S6.1), and the small files
+written per job (pid, proc.json, status) go through a `file` spare renamed
+over their target (as atomic as a rename from a temp file beside the target:
+same filesystem, S0.3.1).
 
-Spares hold no data: they need no fsync, a crash may leave or lose some, and
+A `msg` spare is made durable before it is handed out (its directory is
+fsynced, so the `msg` entry is on disk; the spares of a batch share that
+journal commit): once its msg is written and fsynced, the rename into prep/
+and the fsync of que/ at commit are all a durable create needs.  The other
+kinds hold no data and need no fsync.  A crash may leave or lose some spares;
 `reset()` at queue start clears whatever is there.  A failure to make spares
 (a full disk, a read-only queue) only means allocate falls back to `mkdir`.
 Spare-making does not go through the file-operation seam's counters (a
@@ -32,10 +35,11 @@ import threading
 log = logging.getLogger(__name__)
 
 DIRNAME = ".spare"
-TMP_NAME = ".msg.spare"
 # kind -> the empty file inside the spare directory; "" = the spare is a plain empty file
 # (the temporary file of a small atomic write: pid, proc.json, status)
-KINDS = {"msg": TMP_NAME, "job": "stdio.log", "file": ""}
+KINDS = {"msg": "msg", "job": "stdio.log", "file": ""}
+DURABLE = {"msg"}      # kinds whose directory is fsynced before use
+SYNC_BATCH = 8         # durable spares made per shared fsync
 LOW, HIGH = 8, 32      # refill when fewer than LOW are ready, up to HIGH
 RETRY_AFTER = 5.0      # seconds to wait after a failure to make one
 
@@ -96,14 +100,33 @@ class Spares:
                     return
                 wanted = self._wanted()
             try:
-                for kind in wanted:
-                    path = self._make(kind)
-                    with self._cond:  # usable at once, not after the whole batch
-                        self._ready[kind].append(path)
+                self._make_all(wanted)
             except OSError as exc:
                 log.warning("cannot make a spare directory: %s", exc)
                 with self._cond:
                     self._cond.wait(RETRY_AFTER)
+
+    def _make_all(self, wanted: list[str]) -> None:
+        """Make `wanted`; each is usable as soon as it is made, a durable kind
+        once its batch's directories are fsynced (the first fsync commits the
+        whole batch; the others find nothing left to write)."""
+        unsynced: list[str] = []
+        for i, kind in enumerate(wanted):
+            path = self._make(kind)
+            if kind not in DURABLE:
+                self._publish(kind, [path])
+                continue
+            unsynced.append(path)
+            last = i + 1 == len(wanted) or wanted[i + 1] != kind
+            if len(unsynced) >= SYNC_BATCH or last:
+                for done in unsynced:
+                    _fsync_dir(done)
+                self._publish(kind, unsynced)
+                unsynced = []
+
+    def _publish(self, kind: str, paths: list[str]) -> None:
+        with self._cond:
+            self._ready[kind].extend(paths)
 
     def _make(self, kind: str) -> str:
         self._serial += 1
@@ -115,3 +138,11 @@ class Spares:
         os.close(os.open(os.path.join(path, KINDS[kind]),
                          os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
         return path
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -150,33 +150,60 @@ class Store:
 
         The msg file and the ID directory are durable on return; with
         `sync_prep` the prep/ entry is too (a later commit rename followed by
-        an fsync of que/ makes it durable otherwise)."""
+        an fsync of que/ makes it durable otherwise).  With a spare at hand
+        (rq.spares: a directory whose `msg` entry is already durable) the msg is
+        written and fsynced inside the spare, which is then renamed to prep/ID:
+        the directory appears complete, and one fsync fewer is needed than for
+        a new directory (msg temp file + fsync, rename, fsync of ID/)."""
         prep = self.state_dir("prep")
-        tmp: str | None = None  # the msg temp file inside a claimed spare
+        own_orig = "orig_msg_id" not in fields
         while True:
             with self._id_lock:
                 msg_id = new_msg_id(now, next(self._counter))
             if any(os.path.lexists(self.msg_path(s, msg_id)) for s in STATES[1:]):
                 continue
             path = os.path.join(prep, msg_id)
-            if self.claim_spare("msg", path):
-                tmp = os.path.join(path, spares.TMP_NAME)
+            fields["msg_id"] = msg_id  # the caller's dict becomes the stored fields
+            if own_orig:
+                fields["orig_msg_id"] = protocol.full_id(base_url, self.name, msg_id)
+            spare = self.spares.take("msg") if self.spares is not None else None
+            if spare is not None and self._publish_spare(spare, path, fields):
                 break
             try:
                 self.fs.mkdir(path)
-                break
             except FileExistsError:
                 continue
+            try:
+                self.write_msg(path, fields)
+            except BaseException:
+                _rmtree_quiet(path)
+                raise
+            break
         try:
-            fields["msg_id"] = msg_id  # the caller's dict becomes the stored fields
-            fields.setdefault("orig_msg_id", protocol.full_id(base_url, self.name, msg_id))
-            self.write_msg(path, fields, tmp=tmp)
             if sync_prep:
                 self.fs.fsync_dir_shared(prep)
         except BaseException:
             _rmtree_quiet(path)
             raise
         return msg_id, path
+
+    def _publish_spare(self, spare: str, path: str, fields: dict[str, Any]) -> bool:
+        """Write and fsync the msg inside `spare`, then rename it to `path`
+        without clobbering.  False when the rename fails (the spare is dropped
+        and the caller makes `path` itself); a failed write or fsync raises."""
+        try:
+            stored = {k: fields[k] for k in message.STORED_FIELDS if k in fields}
+            self.fs.write_file_private(os.path.join(spare, "msg"),
+                                       protocol.dumps(stored).encode())
+        except BaseException:
+            _rmtree_quiet(spare)
+            raise
+        try:
+            self.fs.rename_noreplace(spare, path)
+        except OSError:
+            _rmtree_quiet(spare)
+            return False
+        return True
 
     def claim_spare(self, kind: str, path: str) -> bool:
         """Rename a spare of `kind` (rq.spares) to `path`, never clobbering;
@@ -192,11 +219,10 @@ class Store:
             return False
         return True
 
-    def write_msg(self, path: str, fields: dict[str, Any], *, sync: bool = True,
-                  tmp: str | None = None) -> None:
+    def write_msg(self, path: str, fields: dict[str, Any], *, sync: bool = True) -> None:
         stored = {k: fields[k] for k in message.STORED_FIELDS if k in fields}
         self.fs.write_file_atomic(os.path.join(path, "msg"),
-                                  protocol.dumps(stored).encode(), sync=sync, tmp=tmp)
+                                  protocol.dumps(stored).encode(), sync=sync)
 
     def write_status(self, path: str, text: str, *, sync: bool = False) -> None:
         self.write_file(os.path.join(path, "status"),

@@ -48,7 +48,7 @@ def test_allocate_claims_a_spare_and_leaves_only_msg(store: Store) -> None:
     fields = {"dest": "s", "param1": "p"}
     msg_id, path = store.allocate(fields, 1_700_000_000.0, "http://h:1/")
     assert os.stat(path).st_ino in spare_inodes  # the directory is a former spare
-    assert sorted(os.listdir(path)) == ["msg"]   # the temp file became msg, nothing left
+    assert sorted(os.listdir(path)) == ["msg"]   # the spare's msg holds the message
     assert Store.read_msg(path)["param1"] == "p"
     assert store.spares.ready() == spares.HIGH - 1
     assert spare_count(Path(store.qdir)) == spares.HIGH - 1
@@ -74,7 +74,7 @@ def test_refill_below_low_water(store: Store) -> None:
 def test_reset_clears_leftovers(tmp_path: Path) -> None:
     qdir = tmp_path / "q"
     (qdir / spares.DIRNAME / "msg-7").mkdir(parents=True)
-    (qdir / spares.DIRNAME / "msg-7" / spares.TMP_NAME).write_text("half")
+    (qdir / spares.DIRNAME / "msg-7" / "msg").write_text("half")
     sp = Spares(str(qdir))
     sp.reset()
     try:
@@ -136,7 +136,8 @@ def test_job_start_claims_job_and_file_spares(root: Path, tmp_path: Path) -> Non
     qdir = root / "queue" / "j"
     q = QueueProc(root, "j")
     try:
-        wait_for(lambda: spare_count(qdir, "job") >= spares.HIGH, 10, what="job spares")
+        wait_for(lambda: all(spare_count(qdir, k) >= spares.HIGH for k in spares.KINDS), 10,
+                 what="spares of every kind")
         full = q.call("create_message", {"dest": "j"})[1]
         q.wait_state(full, "done")
         assert spare_count(qdir, "job") == spares.HIGH - 1
@@ -155,8 +156,8 @@ def test_job_start_claims_job_and_file_spares(root: Path, tmp_path: Path) -> Non
 
 
 def test_fault_each_enqueue_op_with_spares(root: Path) -> None:
-    """Spares on: each op of a create fails once in turn.  A claim whose rename
-    fails falls back to mkdir (the reply may then be ok); whatever the reply,
+    """Spares on: each op of a create fails once in turn.  A spare whose
+    publishing rename fails falls back to mkdir (the reply may then be ok); whatever the reply,
     an ok'd message is committed and survives a restart, a failed one is not
     in que, the daemon keeps serving and a retry succeeds."""
     make_queue(root, "f", script="/bin/true")
@@ -167,8 +168,13 @@ def test_fault_each_enqueue_op_with_spares(root: Path) -> None:
 
     ops = learn_ops(root, "f", create, plan="spares,",
                     ready=lambda q: spare_count(root / "queue" / "f") >= spares.HIGH)
-    claim = ops[0]  # the claim's rename comes first; no mkdir on the request path
-    assert claim[0] == "rename" and "mkdir" not in {op for op, _ in ops}, ops
+    # The msg is written and fsynced inside the spare, which a rename then publishes
+    # as prep/ID: no mkdir on the request path, and two fsyncs in all (the msg
+    # file, que/ after the commit rename), one fewer than a directory made anew.
+    names = [op for op, _ in ops]
+    assert names[:2] == ["write", "fsync"] and "mkdir" not in names, ops
+    assert names.count("fsync") == 2, ops
+    claim = next(o for o in ops if o[0] == "rename")
     acked: set[str] = set(check_root(str(root)).states.get("f", {}))
     outcome: dict[tuple[str, int, str], str] = {}
     for op, nth in ops:
