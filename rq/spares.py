@@ -32,7 +32,10 @@ import os
 import shutil
 import threading
 
+from rq.fsops import FsOps
+
 log = logging.getLogger(__name__)
+_PLAIN = FsOps()  # outside the seam's counters (see above)
 
 DIRNAME = ".spare"
 # kind -> the empty file inside the spare directory; "" = the spare is a plain empty file
@@ -120,7 +123,7 @@ class Spares:
             last = i + 1 == len(wanted) or wanted[i + 1] != kind
             if len(unsynced) >= SYNC_BATCH or last:
                 for done in unsynced:
-                    _fsync_dir(done)
+                    _PLAIN.fsync_dir(done)
                 self._publish(kind, unsynced)
                 unsynced = []
 
@@ -139,10 +142,3 @@ class Spares:
                          os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
         return path
 
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

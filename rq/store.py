@@ -192,9 +192,7 @@ class Store:
         without clobbering.  False when the rename fails (the spare is dropped
         and the caller makes `path` itself); a failed write or fsync raises."""
         try:
-            stored = {k: fields[k] for k in message.STORED_FIELDS if k in fields}
-            self.fs.write_file_private(os.path.join(spare, "msg"),
-                                       protocol.dumps(stored).encode())
+            self.fs.write_file_private(os.path.join(spare, "msg"), msg_bytes(fields))
         except BaseException:
             _rmtree_quiet(spare)
             raise
@@ -220,9 +218,7 @@ class Store:
         return True
 
     def write_msg(self, path: str, fields: dict[str, Any], *, sync: bool = True) -> None:
-        stored = {k: fields[k] for k in message.STORED_FIELDS if k in fields}
-        self.fs.write_file_atomic(os.path.join(path, "msg"),
-                                  protocol.dumps(stored).encode(), sync=sync)
+        self.fs.write_file_atomic(os.path.join(path, "msg"), msg_bytes(fields), sync=sync)
 
     def write_status(self, path: str, text: str, *, sync: bool = False) -> None:
         self.write_file(os.path.join(path, "status"),
@@ -309,6 +305,11 @@ class Store:
             if not name.startswith(".") and not name.endswith(".tmp") and _regular(full):
                 self.fs.link_or_copy(full, os.path.join(ddir, name))
         self.fs.fsync_dir(ddir)
+
+
+def msg_bytes(fields: dict[str, Any]) -> bytes:
+    """The msg file's content: the stored fields only (S4.4), compact JSON."""
+    return protocol.dumps({k: fields[k] for k in message.STORED_FIELDS if k in fields}).encode()
 
 
 def check_attachment_source(pathname: Any) -> None:
