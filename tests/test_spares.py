@@ -17,6 +17,7 @@ import pytest
 
 from rq import spares
 from rq.fsck import check_root
+from rq.fsops import FsOps
 from rq.spares import Spares
 from rq.store import Store
 from rqtest import QueueProc, learn_ops, make_queue, wait_for
@@ -89,6 +90,34 @@ def test_reset_clears_leftovers(tmp_path: Path) -> None:
                 assert os.listdir(path) == [spares.KINDS[kind]]
                 path = path / spares.KINDS[kind]
             assert path.is_file() and path.stat().st_size == 0
+    finally:
+        sp.close()
+
+
+def test_msg_spares_are_fsynced_before_they_are_handed_out(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A create fsyncs only the msg file and que/ (S4.1): the `msg` entry inside a
+    spare must already be durable, so every msg spare's directory is fsynced before
+    take() can return it; job and file spares hold no data and are not fsynced."""
+    synced: list[str] = []
+
+    class Recording(FsOps):
+        def fsync_dir(self, path: str) -> None:
+            synced.append(path)
+            super().fsync_dir(path)
+
+    monkeypatch.setattr(spares, "_PLAIN", Recording())
+    qdir = tmp_path / "q"
+    qdir.mkdir()
+    sp = Spares(str(qdir))
+    sp.reset()
+    try:
+        wait_for(lambda: all(sp.ready(k) >= spares.HIGH for k in spares.KINDS), 10,
+                 what="spares made")
+        taken = [sp.take("msg") for _ in range(spares.HIGH)]
+        assert None not in taken
+        assert set(taken) <= set(synced)
+        assert all(os.path.basename(p).startswith("msg-") for p in synced), synced
     finally:
         sp.close()
 
