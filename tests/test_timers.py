@@ -156,15 +156,18 @@ def live(root: Path, cmd: str) -> Any:
 def messages(root: Path, queue: str = "test") -> list[dict[str, Any]]:
     """Every message of `queue` on disk, whatever its state."""
     found: dict[str, dict[str, Any]] = {}
-    # os.walk, not rglob: it skips directories that move to another state under it.  A
-    # message seen twice (before and after a move) is one message: keyed by its id.
-    for directory, _, files in os.walk(root / "queue" / queue):
-        if "msg" in files:
-            try:
-                msg = json.loads(Path(directory, "msg").read_text())
-            except (OSError, ValueError):
-                continue  # moving between states right now
-            found[msg["msg_id"]] = msg
+    # The state directories in the order messages move through them (S3.2), each walked with
+    # os.walk, not rglob (it skips directories that move away under it): a message that
+    # moves on while we look is met again in a later state.  A message seen twice is one
+    # message, keyed by its id.  (.spare/ holds messages still being written: not yet ones.)
+    for state in ("prep", "que", "run", "err", "done", "relayed"):
+        for directory, _, files in os.walk(root / "queue" / queue / state):
+            if "msg" in files:
+                try:
+                    msg = json.loads(Path(directory, "msg").read_text())
+                except (OSError, ValueError):
+                    continue  # moving between states right now
+                found[msg["msg_id"]] = msg
     return list(found.values())
 
 
