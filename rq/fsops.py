@@ -54,18 +54,11 @@ class FsOps:
         directory, base = os.path.split(path)
         if tmp is None:
             tmp = os.path.join(directory, f".{base}.tmp{os.getpid()}.{threading.get_ident()}")
-        self.op("write")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            _write_all(fd, data)
-            if sync:
-                self.op("fsync")
-                os.fsync(fd)
+            self.write_file_private(tmp, data, sync=sync)
         except BaseException:
-            os.close(fd)
             _unlink_quiet(tmp)
             raise
-        os.close(fd)
         try:
             self.op("rename")
             os.rename(tmp, path)
@@ -76,10 +69,10 @@ class FsOps:
             self.fsync_dir(directory)
 
     def write_file_private(self, path: str, data: bytes, *, sync: bool = True) -> None:
-        """Write `data` over the existing file `path` in place.  Only for a file no
-        reader can see yet (inside a spare of rq.spares, published afterwards by a
-        rename of its directory): no temporary file, no rename.  With `sync`, the
-        data is on stable storage when this returns."""
+        """Write `data` into the file `path` in place.  Only for a file no reader
+        can see yet (a temporary file, or one inside a spare of rq.spares that a
+        rename of its directory publishes afterwards): no temporary file, no
+        rename.  With `sync`, the data is on stable storage when this returns."""
         self.op("write")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:

@@ -196,20 +196,17 @@ class Store:
         except BaseException:
             _rmtree_quiet(spare)
             raise
-        try:
-            self.fs.rename_noreplace(spare, path)
-        except OSError:
-            _rmtree_quiet(spare)
-            return False
-        return True
+        return self._rename_spare(spare, path)
 
     def claim_spare(self, kind: str, path: str) -> bool:
         """Rename a spare of `kind` (rq.spares) to `path`, never clobbering;
         False when there is none or the rename fails (the caller then makes
         `path` itself: a taken id, for instance, fails its mkdir too)."""
         spare = self.spares.take(kind) if self.spares is not None else None
-        if spare is None:
-            return False
+        return spare is not None and self._rename_spare(spare, path)
+
+    def _rename_spare(self, spare: str, path: str) -> bool:
+        """No-clobber rename of `spare` to `path`; a spare that fails is dropped."""
         try:
             self.fs.rename_noreplace(spare, path)
         except OSError:
