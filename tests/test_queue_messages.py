@@ -295,6 +295,46 @@ def test_s4_1_ids_are_unique_under_concurrent_creation(procs: list[QueueProc],
     assert sorted(e["msg_id"] for e in listed) == sorted(ids)
 
 
+def test_creates_in_flight_are_limited_to_create_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands.create lets at most CREATE_SLOTS creates run at once (the others wait their
+    turn instead of contending for the GIL), and every caller gets its own result."""
+    from types import SimpleNamespace
+
+    from rq.queue.commands import CREATE_SLOTS, Commands
+    cmds = Commands(SimpleNamespace())  # type: ignore[arg-type]
+    lock = threading.Lock()
+    state = {"arrived": 0, "inside": 0, "max": 0}
+    release = threading.Event()
+
+    def fake_create(fields: dict, src_path: str | None) -> str:
+        with lock:
+            state["inside"] += 1
+            state["max"] = max(state["max"], state["inside"])
+        release.wait(30)
+        with lock:
+            state["inside"] -= 1
+        return fields["n"]
+
+    monkeypatch.setattr(cmds, "_create", fake_create)
+    results: list[str] = []
+
+    def caller(n: str) -> None:
+        with lock:
+            state["arrived"] += 1
+        results.append(cmds.create({"n": n}))
+
+    threads = [threading.Thread(target=caller, args=(str(i),)) for i in range(8)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: state["arrived"] == 8 and state["inside"] == CREATE_SLOTS, 10,
+             what="all callers arrived, the slots taken")
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert sorted(results, key=int) == [str(i) for i in range(8)]
+    assert state["max"] == CREATE_SLOTS
+
+
 def test_s4_1_prep_ids_are_unique_across_concurrent_kinds(procs: list[QueueProc],
                                                           root: Path) -> None:
     qp = start_queue(procs, root, paused=True)

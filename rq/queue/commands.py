@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,11 @@ ALWAYS = {"ping", "uptime", "config", "status", "shutdown", "num_messages", "mes
 # loop is not woken for another (S2.6): that spares a whole loop pass
 # contending for the GIL per enqueue.
 INLINE_PASS = {"create_message"}
+# Creates in flight at once (allocate + commit).  Two keep one thread in Python while the other
+# waits in an fsync, and concurrent commits still share the fsync of que/; with one thread per
+# client connection and no limit, 8 clients made the request threads fight over the GIL
+# (~217 futex calls per create against ~8 with one client) and enqueued 20-30 % less.
+CREATE_SLOTS = 2
 DEFAULT_LIMIT = 1000
 
 
@@ -37,6 +43,7 @@ class Commands:
         self.q = q
         self.table: dict[str, Callable[[Any], Any]] = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
+        self.create_slots = threading.BoundedSemaphore(CREATE_SLOTS)
 
     def handle(self, cmd: str, arg: str | None, conn: socket.socket) -> Any:
         fn = self.table.get(cmd)
@@ -145,7 +152,12 @@ class Commands:
             return ["ok", self.q.full_id(self.create(fields))]
 
     def create(self, fields: dict[str, Any], src_path: str | None = None) -> str:
-        """Allocate + (attachments) + commit; the id once durable in que/."""
+        """Allocate + (attachments) + commit; the id once durable in que/.  At most
+        CREATE_SLOTS run at once."""
+        with self.create_slots:
+            return self._create(fields, src_path)
+
+    def _create(self, fields: dict[str, Any], src_path: str | None) -> str:
         msg_id, path = self.allocate(fields, sync_prep=False)
         try:
             if src_path is not None:
