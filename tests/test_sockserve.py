@@ -11,18 +11,26 @@ from rq import client
 from rq.sockserve import Rq1Server
 
 
-def test_close_waits_for_a_reply_in_flight(tmp_path: Path) -> None:
+def blocking_server(tmp_path: Path, reply: Any) -> tuple[Rq1Server, str, threading.Event,
+                                                          threading.Event]:
+    """A started server whose handler signals `started`, then waits for `release` (10 s at
+    most) before answering `reply` (None: ["ok", cmd])."""
     started = threading.Event()
     release = threading.Event()
 
     def handler(cmd: str, arg: Any, conn: Any) -> Any:
         started.set()
-        release.wait(5)
-        return ["ok", cmd]
+        release.wait(10)
+        return ["ok", cmd] if reply is None else reply
 
     path = str(tmp_path / "s.sock")
     server = Rq1Server(path, handler)
     server.start()
+    return server, path, started, release
+
+
+def test_close_waits_for_a_reply_in_flight(tmp_path: Path) -> None:
+    server, path, started, release = blocking_server(tmp_path, None)
     got: list[Any] = []
     caller = threading.Thread(target=lambda: got.append(client.call(path, "shutdown")))
     caller.start()
@@ -36,17 +44,7 @@ def test_close_waits_for_a_reply_in_flight(tmp_path: Path) -> None:
 
 
 def test_close_gives_up_after_the_grace(tmp_path: Path) -> None:
-    release = threading.Event()
-    started = threading.Event()
-
-    def handler(cmd: str, arg: Any, conn: Any) -> Any:
-        started.set()
-        release.wait(10)
-        return ["ok"]
-
-    path = str(tmp_path / "s.sock")
-    server = Rq1Server(path, handler)
-    server.start()
+    server, path, started, release = blocking_server(tmp_path, ["ok"])
     caller = threading.Thread(target=lambda: client.call(path, "slow"), daemon=True)
     caller.start()
     assert started.wait(5)
