@@ -26,6 +26,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _renameat2 = getattr(_libc, "renameat2", None)
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
 
 
 class FsOps:
@@ -45,12 +46,18 @@ class FsOps:
 
     # -- files
     def write_file_atomic(self, path: str, data: bytes, *, sync: bool = True,
-                          tmp: str | None = None) -> None:
+                          tmp: str | None = None, keep_old: bool = False) -> bool:
         """Write `data` to `path` so readers see the old or the new content,
         never a partial file (S0.3.1).  With `sync`, the data and the name are
         on stable storage when this returns.  `tmp` names the temporary file
         (beside `path` by default; any path on the same filesystem works, and
-        it may already exist, e.g. a spare of rq.spares)."""
+        it may already exist, e.g. a spare of rq.spares).
+
+        With `keep_old`, the new file replaces an existing one by exchanging
+        the two names (renameat2 RENAME_EXCHANGE, as atomic as the rename), so
+        the old file is left at `tmp` instead of being deleted, for the caller
+        to reuse (rq.spares: a freed inode makes later inode allocations on a
+        journal-less ext4 skip it for minutes).  Returns True when it was."""
         directory, base = os.path.split(path)
         if tmp is None:
             tmp = os.path.join(directory, f".{base}.tmp{os.getpid()}.{threading.get_ident()}")
@@ -61,12 +68,15 @@ class FsOps:
             raise
         try:
             self.op("rename")
-            os.rename(tmp, path)
+            kept = keep_old and _exchange(tmp, path)
+            if not kept:
+                os.rename(tmp, path)
         except BaseException:
             _unlink_quiet(tmp)
             raise
         if sync:
             self.fsync_dir(directory)
+        return kept
 
     def write_file_private(self, path: str, data: bytes, *, sync: bool = True) -> None:
         """Write `data` into the file `path` in place.  Only for a file no reader
@@ -271,6 +281,19 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def _exchange(src: str, dst: str) -> bool:
+    """Swap the names `src` and `dst` in one step; False, with nothing
+    changed, when `dst` does not exist or the filesystem cannot exchange."""
+    if _renameat2 is None:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOENT, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), dst)
 
 
 def _unlink_quiet(path: str) -> None:

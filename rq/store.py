@@ -215,7 +215,7 @@ class Store:
         return True
 
     def write_msg(self, path: str, fields: dict[str, Any], *, sync: bool = True) -> None:
-        self.fs.write_file_atomic(os.path.join(path, "msg"), msg_bytes(fields), sync=sync)
+        self.write_file(os.path.join(path, "msg"), msg_bytes(fields), sync=sync)
 
     def write_status(self, path: str, text: str, *, sync: bool = False) -> None:
         self.write_file(os.path.join(path, "status"),
@@ -228,11 +228,22 @@ class Store:
         tmp = self.spares.take("file") if self.spares is not None else None
         if tmp is not None:
             try:
-                self.fs.write_file_atomic(path, data, sync=sync, tmp=tmp)
+                if self.fs.write_file_atomic(path, data, sync=sync, tmp=tmp, keep_old=True):
+                    self.discard_file(tmp)  # the replaced file, now at tmp
                 return
             except OSError:
                 _unlink_quiet(tmp)
         self.fs.write_file_atomic(path, data, sync=sync)
+
+    def discard_file(self, path: str) -> None:
+        """Remove the plain file `path` (gone already is fine); its inode is
+        kept as a spare when spares are on (rq.spares.recycle)."""
+        if self.spares is not None and self.spares.recycle(path):
+            return
+        try:
+            self.fs.unlink(path)
+        except FileNotFoundError:
+            pass
 
     def move(self, msg_id: str, src: str, dst: str, *, sync: bool = True) -> str:
         """Rename the message directory from state `src` to `dst` (one rename,

@@ -110,3 +110,18 @@ def test_link_or_copy_across_filesystems(tmp_path: Path) -> None:
     local.write_bytes(b"x")
     assert FsOps().link_or_copy(str(local), str(tmp_path / "linked")) is False
     assert os.stat(local).st_ino == os.stat(tmp_path / "linked").st_ino
+
+
+def test_write_file_atomic_keep_old_leaves_the_old_file_at_tmp(tmp_path) -> None:
+    """keep_old: the new content replaces the old in one exchange and the old
+    file is left at `tmp` (rq.spares reuses its inode); without an old file it
+    is a plain rename."""
+    fs = FsOps()
+    target, tmp = tmp_path / "status", tmp_path / "spare"
+    tmp.write_text("")
+    kept = fs.write_file_atomic(str(target), b"one", sync=False, tmp=str(tmp), keep_old=True)
+    assert kept is False
+    assert target.read_bytes() == b"one" and not tmp.exists()
+    tmp.write_text("")
+    assert fs.write_file_atomic(str(target), b"two", sync=True, tmp=str(tmp), keep_old=True) is True
+    assert target.read_bytes() == b"two" and tmp.read_bytes() == b"one"

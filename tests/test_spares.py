@@ -38,7 +38,8 @@ def store(tmp_path: Path):
     st = Store(str(root), "s")
     st.spares = Spares(st.qdir)
     st.spares.reset()
-    wait_for(lambda: st.spares.ready() >= spares.HIGH, 10, what="spares made")
+    wait_for(lambda: all(st.spares.ready(k) >= spares.HIGH for k in spares.KINDS), 10,
+             what="spares made")
     yield st
     st.spares.close()
 
@@ -70,6 +71,48 @@ def test_refill_below_low_water(store: Store) -> None:
         store.allocate({"dest": "s", "param1": str(i)}, 1_700_000_000.0, "http://h:1/")
     wait_for(lambda: store.spares.ready() >= spares.HIGH, 10, what="refill")
     assert len(os.listdir(store.state_dir("prep"))) == spares.HIGH - spares.LOW + 1
+
+
+def test_recycle_keeps_a_file_as_a_spare_until_the_pool_is_full(store: Store) -> None:
+    base = Path(store.spares.base)
+    ready = store.spares.ready("file")
+    run = Path(store.state_dir("run")) / "20260101.0000.00.000.1"
+    run.mkdir()
+    pid = run / "pid"
+    pid.write_text("123\n")
+    ino = pid.stat().st_ino
+    store.discard_file(str(pid))
+    assert not pid.exists()
+    assert store.spares.ready("file") == ready + 1
+    assert ino in {(base / n).stat().st_ino for n in os.listdir(base)}
+    store.discard_file(str(run / "gone"))  # already gone: quiet, nothing kept
+    assert store.spares.ready("file") == ready + 1
+    while store.spares.ready("file") < spares.KEEP:
+        extra = run / "x"
+        extra.write_text("x")
+        store.discard_file(str(extra))
+    extra = run / "x"
+    extra.write_text("x")
+    store.discard_file(str(extra))  # the pool is full: deleted
+    assert not extra.exists()
+    assert store.spares.ready("file") == spares.KEEP
+
+
+def test_write_file_recycles_the_replaced_file(store: Store) -> None:
+    """A status rewrite exchanges the new file with the old one (S0.3.1: readers
+    see one or the other) and keeps the old inode as a spare."""
+    run = Path(store.state_dir("run")) / "20260101.0000.00.000.1"
+    run.mkdir()
+    store.write_status(str(run), "first")
+    first = (run / "status").stat().st_ino
+    ready = store.spares.ready("file")
+    store.write_status(str(run), "second")
+    assert Store.read_status_text(str(run)) == "second"
+    assert (run / "status").stat().st_ino != first
+    assert store.spares.ready("file") == ready  # one taken, the old one given back
+    base = Path(store.spares.base)
+    assert first in {(base / n).stat().st_ino for n in os.listdir(base)}
+    assert sorted(os.listdir(run)) == ["status"]
 
 
 def test_reset_clears_leftovers(tmp_path: Path) -> None:
@@ -154,12 +197,20 @@ def test_running_queue_keeps_spares_and_fsck_is_clean(root: Path) -> None:
     assert set(report.states["f"].values()) == {"que"}
 
 
+def file_spare_inodes(qdir: Path) -> set[int]:
+    base = qdir / spares.DIRNAME
+    return {os.stat(base / n).st_ino for n in os.listdir(base) if n.startswith("file-")}
+
+
 def test_job_start_claims_job_and_file_spares(root: Path, tmp_path: Path) -> None:
     """S6.1: run/ID/job/ with its stdio.log comes from a `job` spare, pid,
-    proc.json and status from `file` spares; the log still starts with the
-    RQ START header and holds the script's output, the files their content."""
+    proc.json and each status from `file` spares; the log still starts with the
+    RQ START header and holds the script's output, the files their content.
+    No inode is freed or made for the small files: pid, proc.json and every
+    replaced status come back as `file` spares (rq.spares.recycle)."""
     script = tmp_path / "hello.sh"
-    script.write_text('#!/bin/sh\necho hello-from-job\necho "done ok" >&3\n')
+    script.write_text('#!/bin/sh\necho hello-from-job\necho "run one" >&3\n'
+                      'echo "run two" >&3\necho "done ok" >&3\n')
     script.chmod(0o755)
     make_queue(root, "j", script=str(script))
     qdir = root / "queue" / "j"
@@ -167,11 +218,15 @@ def test_job_start_claims_job_and_file_spares(root: Path, tmp_path: Path) -> Non
     try:
         wait_for(lambda: all(spare_count(qdir, k) >= spares.HIGH for k in spares.KINDS), 10,
                  what="spares of every kind")
+        before = file_spare_inodes(qdir)
         full = q.call("create_message", {"dest": "j"})[1]
         q.wait_state(full, "done")
         assert spare_count(qdir, "job") == spares.HIGH - 1
-        # pid, proc.json and the final status went through `file` spares
-        assert spare_count(qdir, "file") == spares.HIGH - 3
+        # pid, proc.json and three statuses took five `file` spares; four came
+        # back (the final status stays with the message)
+        after = file_spare_inodes(qdir)
+        assert len(after) == spares.HIGH - 1
+        assert after <= before  # no new inode: the same files went round
         log = q.call("get_message", {"msg_id": full})
         assert log[0] == "ok"
     finally:

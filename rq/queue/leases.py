@@ -261,7 +261,7 @@ class Leases:
     def undo_take(self, job: LeaseJob) -> None:
         q = self.q
         q.index.release_dups(job.dups)
-        _unlink_quiet(os.path.join(job.path, LEASE_FILE))
+        q.store.discard_file(os.path.join(job.path, LEASE_FILE))
         try:
             q.store.move(job.msg_id, "run", "que", sync=False)
         except OSError:
@@ -284,7 +284,7 @@ class Leases:
 
     def write_record(self, lease: Lease, *, sync: bool) -> None:
         data = protocol.dumps(lease.record()).encode()
-        self.q.fs.write_file_atomic(os.path.join(lease.job.path, LEASE_FILE), data, sync=sync)
+        self.q.store.write_file(os.path.join(lease.job.path, LEASE_FILE), data, sync=sync)
 
     # -------------------------------------------------------------- reports (S8.3)
     def held(self, msg_id: str, token: Any, now: float) -> Lease:
@@ -399,7 +399,7 @@ class Leases:
         """End a lease and finish its message on the job path (S6.6)."""
         q, job = self.q, lease.job
         self.active.pop(job.msg_id, None)
-        _unlink_quiet(os.path.join(job.path, LEASE_FILE))
+        q.store.discard_file(os.path.join(job.path, LEASE_FILE))
         job.exit_wall = now
         job.outcome = outcome
         try:

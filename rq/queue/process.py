@@ -621,7 +621,7 @@ class QueueProcess:
         finished_dups = job.dups if state in ("done", "relayed") else []
         if job.sync_dirs is None:
             for leftover in ("pid", "proc.json"):
-                self.unlink_quiet(os.path.join(path, leftover))
+                self.store.discard_file(os.path.join(path, leftover))
             if outcome.status is not None and outcome.status != job.status_on_disk:
                 self.store.write_status(path, outcome.status)
             if state == "que":
@@ -696,12 +696,6 @@ class QueueProcess:
     # ================================================================ helpers
     def full_id(self, msg_id: str) -> str:
         return protocol.full_id(self.main.base_url, self.name, msg_id)
-
-    def unlink_quiet(self, path: str) -> None:
-        try:
-            self.fs.unlink(path)
-        except FileNotFoundError:
-            pass
 
     def write_job_status(self, job: J.Job, text: str) -> None:
         try:
