@@ -1,0 +1,117 @@
+"""S6.3 process set-up, checked from inside real jobs, for both ways rq.proc
+starts a job: the C helper rq._spawn (one exec) and the /bin/sh wrapper
+(RQ_JOB_SPAWN=sh).  Each job reports what it sees: cwd, fd 0-4 and no other
+descriptor, session and group, nice, signal masks, and the RQ START header
+naming its own pid; bare command names are found on the job's PATH, a script
+without `#!` runs under /bin/sh, and a command that cannot run says so."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from rq import proc
+from rqtest import QueueProc, make_queue, write_script
+
+PROBE = f"""#!{sys.executable}
+import json, os
+stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+names = os.listdir("/proc/self/fd")
+fds = sorted(int(n) for n in names if os.path.lexists("/proc/self/fd/" + n))  # not listdir's
+info = {{"pid": os.getpid(), "pgrp": int(stat[2]), "sid": int(stat[3]), "nice": int(stat[16]),
+        "cwd": os.getcwd(), "fds": fds, "sigblk": status["SigBlk"].strip(),
+        "links": {{n: os.readlink("/proc/self/fd/%d" % n) for n in range(5)}}}}
+with open("probe.json", "w") as fh:
+    json.dump(info, fh)
+os.write(3, b"done probed\\n")
+"""
+HEADER = re.compile(r"^\n(\d+) - \d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4} - RQ START - (.+)\n")
+
+
+@pytest.fixture(params=["helper", "sh"])
+def spawn_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    if request.param == "helper" and not proc.SPAWN_HELPER:
+        pytest.skip("rq._spawn was not built (no C compiler at install)")
+    return {"RQ_JOB_SPAWN": "sh" if request.param == "sh" else ""}
+
+
+def run_one(root: Path, queues: list[QueueProc], env: dict[str, str], name: str,
+            state: str = "done", **cfg: object) -> tuple[dict, Path]:
+    make_queue(root, name, **cfg)
+    q = QueueProc(root, name, env=env)
+    queues.append(q)
+    full = q.call("create_message", {"dest": name})[1]
+    q.wait_state(full, state)
+    msg = q.message(full)
+    return msg, root / msg["path"]
+
+
+def test_s6_3_job_process_set_up(root: Path, tmp_path: Path, queues: list[QueueProc],
+                                 spawn_env: dict[str, str]) -> None:
+    script = write_script(tmp_path / "probe.py", PROBE)
+    msg, path = run_one(root, queues, spawn_env, "p", script=script)
+    info = json.loads((path / "job" / "probe.json").read_text())
+    job_dir = str(root / "queue" / "p" / "run" / msg["msg_id"] / "job")
+    assert info["cwd"] == job_dir
+    assert info["pid"] == info["pgrp"] == info["sid"]      # own session and group
+    assert info["nice"] == 19
+    assert int(info["sigblk"], 16) == 0                     # nothing blocked
+    assert info["fds"] == [0, 1, 2, 3, 4]                   # no other descriptor
+    links = info["links"]
+    assert links["0"] == "/dev/null"
+    assert links["1"] == links["2"] == job_dir + "/stdio.log"
+    assert links["3"].startswith("pipe:") and links["4"].startswith("pipe:")
+    assert links["3"] != links["4"]
+    log = (path / "job" / "stdio.log").read_text()
+    header = HEADER.match(log)
+    assert header, log
+    assert int(header.group(1)) == info["pid"]              # the header names the job
+    assert header.group(2) == str(Path(script).resolve())
+
+
+def test_s6_3_bare_interpreter_found_on_path(root: Path, tmp_path: Path,
+                                             queues: list[QueueProc],
+                                             spawn_env: dict[str, str]) -> None:
+    """exec_prefix `sh`: a bare name, looked up on the job's PATH."""
+    script = tmp_path / "plain.sh"
+    script.write_text('echo "done via $0" >&3\n')
+    script.chmod(0o644)  # not executable: the interpreter runs it
+    msg, _ = run_one(root, queues, spawn_env, "b", script=script, exec_prefix="sh")
+    assert msg["status"] == f"done - via {script}"
+
+
+def test_s6_3_script_without_shebang_runs_under_sh(root: Path, tmp_path: Path,
+                                                   queues: list[QueueProc],
+                                                   spawn_env: dict[str, str]) -> None:
+    script = write_script(tmp_path / "noshebang", 'echo "done no-shebang" >&3\n')
+    msg, _ = run_one(root, queues, spawn_env, "n", script=script)
+    assert msg["status"] == "done - no-shebang"
+
+
+def test_s6_1_5_missing_command_reports_exec_failed(root: Path, tmp_path: Path,
+                                                     queues: list[QueueProc],
+                                                     spawn_env: dict[str, str]) -> None:
+    script = write_script(tmp_path / "x.sh", "#!/bin/sh\necho unreachable\n")
+    msg, path = run_one(root, queues, spawn_env, "m", state="err", script=script,
+                        exec_prefix="no-such-interpreter-rq")
+    assert msg["status"].endswith(" exit 127")
+    log = (path / "job" / "stdio.log").read_text()
+    assert HEADER.match(log), log
+    assert "RQ EXEC FAILED - no-such-interpreter-rq: not found or not executable\n" in log
+    assert "unreachable" not in log
+
+
+def test_helper_refuses_low_pipe_descriptors() -> None:
+    """fd 3 and 4 are dup2 targets in the child: the pipe ends must not be there."""
+    if not proc.SPAWN_HELPER:
+        pytest.skip("rq._spawn was not built")
+    from rq import _spawn
+    with pytest.raises(ValueError, match=">= 10"):
+        _spawn.spawn_job([b"/bin/true"], [], b"/", b"/dev/null", b"h", 3, 4, None)
+    with pytest.raises(ValueError, match="null byte"):
+        _spawn.spawn_job([b"/bin/tr\0ue"], [], b"/", b"/dev/null", b"h", 10, 11, None)
