@@ -217,12 +217,27 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_boot_time: list[float] = []
+
+
 def start_time(pid: int) -> float | None:
-    """The process's start time (opaque but stable), or None if it is gone."""
+    """The process's start time (opaque but stable), or None if it is gone.
+
+    The value psutil's create_time() gives (boot time + the start ticks of
+    /proc/PID/stat), read directly: psutil also re-reads /proc/stat for the
+    boot time on every call, which a job start paid each time."""
     try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rpartition(b")")[2].split()
+        if fields[0] in (b"Z", b"X"):  # a zombie is gone, as psutil's ZombieProcess said
+            return None
+        ticks = int(fields[19])  # field 22, starttime (fields[0] is field 3, the state)
+    except (OSError, ValueError, IndexError):
         return None
+    if not _boot_time:
+        _boot_time.append(psutil.boot_time())
+    return _boot_time[0] + ticks / _CLK_TCK
 
 
 def alive_with_start(pid: int, start: float | None) -> bool:

@@ -8,10 +8,14 @@ without `#!` runs under /bin/sh, and a command that cannot run says so."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from rq import proc
@@ -115,3 +119,19 @@ def test_helper_refuses_low_pipe_descriptors() -> None:
         _spawn.spawn_job([b"/bin/true"], [], b"/", b"/dev/null", b"h", 3, 4, None)
     with pytest.raises(ValueError, match="null byte"):
         _spawn.spawn_job([b"/bin/tr\0ue"], [], b"/", b"/dev/null", b"h", 10, 11, None)
+
+
+def test_start_time_is_psutils_create_time_and_none_for_the_gone() -> None:
+    """proc.json's start_time (S4.6, S2.7) read from /proc directly: the same
+    value psutil gives, None for a zombie or a pid that does not exist."""
+    assert proc.start_time(os.getpid()) == psutil.Process(os.getpid()).create_time()
+    assert proc.alive_with_start(os.getpid(), proc.start_time(os.getpid()))
+    child = subprocess.Popen(["/bin/true"])
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "child never exited"
+        time.sleep(0.01)
+    assert proc.start_time(child.pid) is None  # exited, not yet reaped
+    child.wait()
+    assert proc.start_time(child.pid) is None
+    assert not proc.alive_with_start(child.pid, 1.0)
