@@ -135,3 +135,24 @@ def test_start_time_is_psutils_create_time_and_none_for_the_gone() -> None:
     child.wait()
     assert proc.start_time(child.pid) is None
     assert not proc.alive_with_start(child.pid, 1.0)
+
+
+def test_a_nul_in_the_environment_sends_the_message_to_err(root: Path, tmp_path: Path,
+                                                           queues: list[QueueProc],
+                                                           spawn_env: dict[str, str]) -> None:
+    """A param holding NUL (valid JSON, fine for pull consumers) cannot go into
+    a job's environment: that message goes to err with the reason, once, and
+    the queue keeps running the others (it used to crash the queue process)."""
+    script = write_script(tmp_path / "ok.sh", '#!/bin/sh\necho "done $RQ_PARAM1" >&3\n')
+    make_queue(root, "z", script=script)
+    q = QueueProc(root, "z", env=spawn_env)
+    queues.append(q)
+    bad = q.call("create_message", {"dest": "z", "param1": "a\u0000b"})[1]
+    q.wait_state(bad, "err")
+    assert q.message(bad)["status"] == (
+        "err - JOB CANNOT START - MOVING TO ERR - embedded null byte"
+        + (" in envp" if spawn_env["RQ_JOB_SPAWN"] != "sh" else ""))
+    good = q.call("create_message", {"dest": "z", "param1": "fine"})[1]
+    q.wait_state(good, "done")
+    assert q.message(good)["status"] == "done - fine"
+    assert q.popen.poll() is None

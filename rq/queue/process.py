@@ -119,8 +119,8 @@ class QueueProcess:
             self.handle_signal(sig)
         if self.stop_requested.is_set() and not self.stopping:
             self.begin_stop()
+        self.spawn_pending()
         with self.lock:
-            self.spawn_pending()
             self.reap()
             self.check_deadlines(time.monotonic())
             self.cron.run_pass(time.time() if now is None else now)  # S9.3, any mode
@@ -397,27 +397,46 @@ class QueueProcess:
     def spawn_pending(self) -> None:
         """Spawn the jobs that start_job moved into run/ (S6.1 steps 3-5).  The
         loop does it, so a request's reply (which S5.1 sends once the message
-        is in run/) never waits for a fork and exec."""
-        pending, self.to_spawn = self.to_spawn, []
+        is in run/) never waits for a fork and exec; and it does it outside
+        self.lock, so the requests in flight do not wait for them either (a
+        destroy meanwhile finds no pid yet and sets kill_pending: terminate)."""
+        with self.lock:
+            pending, self.to_spawn = self.to_spawn, []
         for job in pending:
-            if job.msg_id not in self.jobs:
-                continue
-            if self.stopping:  # never ran: back to que (S2.5)
-                job.exited, job.exit_wall = (0, False), time.time()
-                self.finish(job)
-                continue
+            with self.lock:
+                if job.msg_id not in self.jobs:
+                    continue
+                if self.stopping:  # never ran: back to que (S2.5)
+                    job.exited, job.exit_wall = (0, False), time.time()
+                    self.finish(job)
+                    continue
             try:
                 self.spawn(job, job.real)
             except OSError as exc:
                 log.error("cannot start job for %s: %s", job.msg_id, exc)
-                self.unspawn(job)
+                with self.lock:
+                    self.unspawn(job)
                 continue
-            self.by_pid[job.pid] = job
-            self.loop.add_reader(job.up_r, self.on_pipe)
-            self.events.log(job.msg_id, "que", "run", status=job.status,
-                            count=job.fields.get("count"), pid=job.pid)
-            if job.kill_pending:  # destroyed before it was spawned
-                self.terminate(job, time.monotonic())
+            except ValueError as exc:  # a NUL in its environment: it can never start
+                log.error("job for %s cannot start: %s", job.msg_id, exc)
+                with self.lock:
+                    self.fail_unspawnable(job, f"JOB CANNOT START - MOVING TO ERR - {exc}")
+                continue
+            with self.lock:
+                self.by_pid[job.pid] = job
+                self.loop.add_reader(job.up_r, self.on_pipe)
+                self.events.log(job.msg_id, "que", "run", status=job.status,
+                                count=job.fields.get("count"), pid=job.pid)
+                if job.kill_pending:  # destroyed before it was spawned
+                    self.terminate(job, time.monotonic())
+
+    def fail_unspawnable(self, job: J.Job, text: str) -> None:
+        """run → err for a job that no retry could start (S6.6 outcome err)."""
+        self.events.log(job.msg_id, "que", "run", status=job.status,
+                        count=job.fields.get("count"))
+        job.exit_wall = time.time()
+        job.outcome = J.Outcome("err", text)
+        self.finish(job)
 
     def unspawn(self, job: J.Job) -> None:
         """A job that could not be spawned goes back to que, to be retried."""
