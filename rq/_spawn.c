@@ -35,6 +35,12 @@ struct job {
     char *buf;          /* room for one PATH candidate */
     size_t buf_size;
     int write_fd, read_fd;
+    /* written by the child (vfork shares the parent's memory): its start
+     * time in clock ticks since boot, field 22 of /proc/self/stat.  Read by
+     * the parent after exec, it would wait for the exec to finish. */
+    unsigned long long start_ticks;
+    int have_start;
+    char stat[1024];
 };
 
 static void write_all(int fd, const char *p, size_t n)
@@ -120,6 +126,35 @@ static void exec_command(const struct job *j)
     }
 }
 
+static void read_start_ticks(struct job *j)
+{
+    ssize_t n;
+    char *p;
+    int field = 3;   /* the first field after "(comm) " is field 3, the state */
+    unsigned long long v = 0;
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return;
+    n = read(fd, j->stat, sizeof j->stat - 1);
+    close(fd);
+    if (n <= 0)
+        return;
+    j->stat[n] = '\0';
+    p = strrchr(j->stat, ')');
+    if (p == NULL || p[1] != ' ')
+        return;
+    for (p += 2; *p != '\0' && field < 22; p++)
+        if (*p == ' ')
+            field++;
+    if (field != 22 || *p < '0' || *p > '9')
+        return;
+    for (; *p >= '0' && *p <= '9'; p++)
+        v = v * 10 + (unsigned long long)(*p - '0');
+    j->start_ticks = v;
+    j->have_start = 1;
+}
+
 static void reset_signals(void)
 {
     struct sigaction dfl, old;
@@ -150,10 +185,11 @@ static void put_fd(int fd, int target)
     }
 }
 
-__attribute__((noinline, noreturn)) static void child(const struct job *j)
+__attribute__((noinline, noreturn)) static void child(struct job *j)
 {
     int fd;
 
+    read_start_ticks(j);
     setsid();
     fd = open("/dev/null", O_RDONLY);
     if (fd < 0)
@@ -215,10 +251,12 @@ static char **byte_strings(PyObject *seq, const char *what, Py_ssize_t extra)
 }
 
 PyDoc_STRVAR(spawn_job_doc,
-"spawn_job(argv, envp, cwd, stdio_log, header, write_fd, read_fd, path) -> pid\n\n"
+"spawn_job(argv, envp, cwd, stdio_log, header, write_fd, read_fd, path)\n"
+"    -> (pid, start_ticks or None)\n\n"
 "Start a job as described in the module comment of rq/_spawn.c.  argv and\n"
 "envp are lists of bytes (envp items KEY=VALUE); path is the PATH of envp or\n"
-"None.  Returns the pid, which is also the job's session and group id.");
+"None.  Returns the pid, which is also the job's session and group id, and\n"
+"its start time in clock ticks since boot (/proc/PID/stat field 22).");
 
 static PyObject *spawn_job(PyObject *self, PyObject *args)
 {
@@ -283,7 +321,9 @@ static PyObject *spawn_job(PyObject *self, PyObject *args)
         errno = saved_errno;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
-    return PyLong_FromLong((long)pid);
+    if (!j.have_start)
+        return Py_BuildValue("(lO)", (long)pid, Py_None);
+    return Py_BuildValue("(lK)", (long)pid, j.start_ticks);
 }
 
 static PyMethodDef methods[] = {

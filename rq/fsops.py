@@ -82,11 +82,18 @@ class FsOps:
         """Write `data` into the file `path` in place.  Only for a file no reader
         can see yet (a temporary file, or one inside a spare of rq.spares that a
         rename of its directory publishes afterwards): no temporary file, no
-        rename.  With `sync`, the data is on stable storage when this returns."""
+        rename.  With `sync`, the data is on stable storage when this returns.
+
+        An existing file (a recycled spare) is overwritten from the start and
+        then cut to the new length, not truncated to zero first: on ext4 an
+        O_TRUNC of a file with data frees its blocks (a discard with this
+        mount) and makes the close start writeback (auto_da_alloc), ~50 us per
+        small file here; the overwrite keeps the block."""
         self.op("write")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             _write_all(fd, data)
+            os.ftruncate(fd, len(data))
             if sync:
                 self.op("fsync")
                 os.fsync(fd)

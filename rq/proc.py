@@ -47,6 +47,7 @@ except ImportError:  # pragma: no cover - depends on the install
 if os.environ.get("RQ_JOB_SPAWN") == "sh":
     _spawn = None
 SPAWN_HELPER = _spawn is not None
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
 @dataclass
@@ -131,19 +132,23 @@ def job_pipes() -> tuple[int, int, int, int]:
 
 
 def spawn_job(cmd: list[str], *, cwd: str, env: dict[str, str], stdio_log: str,
-              header: str, write_fd: int, read_fd: int) -> int:
+              header: str, write_fd: int, read_fd: int) -> tuple[int, float | None]:
     """Spawn a job: new session, stdin /dev/null, stdout+stderr appended to
     `stdio_log`, fd 3 = `write_fd`, fd 4 = `read_fd`, cwd `cwd`, nice 19.
 
     `header` is the text after `<pid> - ` in the RQ START line.  Returns the pid
-    (which is also the job's process group id).
+    (which is also the job's process group id) and its start_time() when the
+    helper could tell it (the job reads it before its exec; reading it here
+    after the spawn waits ~0.25 ms for the exec to finish), else None.
     """
     if _spawn is not None:
         path = env.get("PATH")
-        return _spawn.spawn_job([os.fsencode(a) for a in cmd],
-                                [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()],
-                                os.fsencode(cwd), os.fsencode(stdio_log), os.fsencode(header),
-                                write_fd, read_fd, None if path is None else os.fsencode(path))
+        pid, ticks = _spawn.spawn_job(
+            [os.fsencode(a) for a in cmd],
+            [f"{k}={v}".encode(_FS_ENCODING, _FS_ERRORS) for k, v in env.items()],  # = fsencode
+            os.fsencode(cwd), os.fsencode(stdio_log), os.fsencode(header),
+            write_fd, read_fd, None if path is None else os.fsencode(path))
+        return pid, None if ticks is None else _start_from_ticks(ticks)
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
         (os.POSIX_SPAWN_OPEN, 1, stdio_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644),
@@ -159,7 +164,7 @@ def spawn_job(cmd: list[str], *, cwd: str, env: dict[str, str], stdio_log: str,
         os.setpriority(os.PRIO_PROCESS, pid, 19)  # S6.3 nice 19; exec keeps it
     except OSError:
         pass
-    return pid
+    return pid, None
 
 
 def spawn_detached(argv: list[str], *, cwd: str, env: dict[str, str], ready_w: int,
@@ -235,6 +240,10 @@ def start_time(pid: int) -> float | None:
         ticks = int(fields[19])  # field 22, starttime (fields[0] is field 3, the state)
     except (OSError, ValueError, IndexError):
         return None
+    return _start_from_ticks(ticks)
+
+
+def _start_from_ticks(ticks: int) -> float:
     if not _boot_time:
         _boot_time.append(psutil.boot_time())
     return _boot_time[0] + ticks / _CLK_TCK

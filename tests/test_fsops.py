@@ -125,3 +125,13 @@ def test_write_file_atomic_keep_old_leaves_the_old_file_at_tmp(tmp_path) -> None
     tmp.write_text("")
     assert fs.write_file_atomic(str(target), b"two", sync=True, tmp=str(tmp), keep_old=True) is True
     assert target.read_bytes() == b"two" and tmp.read_bytes() == b"one"
+
+
+def test_write_file_private_over_a_longer_file_leaves_only_the_new_bytes(tmp_path) -> None:
+    """A recycled spare is overwritten in place and cut to the new length."""
+    path = tmp_path / "spare"
+    path.write_bytes(b"x" * 5000)
+    FsOps().write_file_private(str(path), b"short")
+    assert path.read_bytes() == b"short"
+    FsOps().write_file_private(str(path), b"")
+    assert path.read_bytes() == b""

@@ -460,9 +460,9 @@ class QueueProcess:
         cmd = J.job_command(self.cfg.exec_prefix, real)
         up_w, up_r, down_w, down_r = proc.job_pipes()
         try:
-            job.pid = proc.spawn_job(cmd, cwd=job_dir, env=env,
-                                     stdio_log=os.path.join(job_dir, "stdio.log"),
-                                     header=J.header_text(real), write_fd=up_w, read_fd=down_r)
+            job.pid, started = proc.spawn_job(
+                cmd, cwd=job_dir, env=env, stdio_log=os.path.join(job_dir, "stdio.log"),
+                header=J.header_text(real), write_fd=up_w, read_fd=down_r)
         except BaseException:
             for fd in (up_w, up_r, down_w, down_r):
                 os.close(fd)
@@ -476,7 +476,8 @@ class QueueProcess:
             job.deadline = job.started_mono + self.cfg.timeout
             job.timeout_text = (f"JOB TIMED OUT AFTER {J.format_seconds(self.cfg.timeout)} "
                                 "SECONDS - MOVING TO ERR")
-        started = proc.start_time(job.pid)
+        if started is None:
+            started = proc.start_time(job.pid)
         info = {"pid": job.pid, "pgid": job.pid, "start_time": started,
                 "started": round(job.started_wall, 3)}
         try:  # the job runs already: a failed write here must not undo the start
