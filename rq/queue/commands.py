@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rq import message, protocol
 from rq.config import truthy
 from rq.errors import Fail
+from rq.queue.committer import Committer
 
 if TYPE_CHECKING:
     from rq.queue.process import QueueProcess
@@ -44,6 +45,7 @@ class Commands:
         self.table: dict[str, Callable[[Any], Any]] = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
         self.create_slots = threading.BoundedSemaphore(CREATE_SLOTS)
+        self.committer = Committer(self)  # create_message: group commit (rq.queue.committer)
 
     def handle(self, cmd: str, arg: str | None, conn: socket.socket) -> Any:
         fn = self.table.get(cmd)
@@ -135,7 +137,7 @@ class Commands:
     # ------------------------------------------------------------ creating messages
     def cmd_create_message(self, data: Any) -> Any:
         fields = message.normalize_input(data, time.time())
-        return ["ok", self.q.full_id(self.create(fields))]
+        return ["ok", self.q.full_id(self.committer.create(fields))]
 
     def cmd_prep_message(self, data: Any) -> Any:
         fields = message.normalize_input(data, time.time())
@@ -149,7 +151,7 @@ class Commands:
                 item = self.q.index.latest_committed()
             if item is not None:
                 return ["ok", self.q.full_id(item.msg_id)]
-            return ["ok", self.q.full_id(self.create(fields))]
+            return ["ok", self.q.full_id(self.committer.create(fields))]
 
     def create(self, fields: dict[str, Any], src_path: str | None = None) -> str:
         """Allocate + (attachments) + commit; the id once durable in que/.  At most
