@@ -121,11 +121,7 @@ class QueueProcess:
             self.begin_stop()
         self.spawn_pending()
         with self.lock:
-            exited = self.reap()
-        self.sync_moved(exited)
-        with self.lock:
-            for job in exited:
-                self.finish(job)
+            self.reap()
             self.check_deadlines(time.monotonic())
             self.cron.run_pass(time.time() if now is None else now)  # S9.3, any mode
             self.schedule(now)
@@ -571,12 +567,7 @@ class QueueProcess:
             pass  # the job is gone or stopped reading
 
     # ================================================================ reaping and deadlines
-    def reap(self) -> list[J.Job]:
-        """Collect the exited jobs, decide their outcome and move each message
-        to its next state (S6.6); the caller makes the moves durable
-        (sync_moved) and then finishes them.  An IO error here is left to
-        finish(), which retries the whole step and reports it."""
-        exited = []
+    def reap(self) -> None:
         for pid, code, core in proc.reap_any():
             job = self.by_pid.pop(pid, None)
             if job is None:
@@ -585,29 +576,7 @@ class QueueProcess:
             job.exit_wall = time.time()
             self.read_pipe(job)        # what is already in the pipe, no waiting for EOF
             self.close_pipe(job)
-            job.outcome = J.decide(job, stopping=self.stopping)
-            try:
-                self.complete_move(job, job.outcome)
-            except OSError:
-                pass
-            exited.append(job)
-        return exited
-
-    def sync_moved(self, jobs: list[J.Job]) -> None:
-        """fsync the directories the messages of `jobs` moved into, outside
-        self.lock so requests in flight do not wait for the disk, and once per
-        directory for the whole batch (every rename came before the first
-        fsync).  What fails stays in job.sync_dirs for finish() to retry."""
-        synced: set[str] = set()
-        for job in jobs:
-            dirs = job.sync_dirs or []
-            try:
-                while dirs:
-                    if dirs[0] not in synced:
-                        self.fs.fsync_dir(dirs[0])
-                    synced.add(dirs.pop(0))
-            except OSError:
-                continue
+            self.finish(job)
 
     def check_deadlines(self, mono: float) -> None:
         for job in list(self.jobs.values()):
@@ -668,11 +637,21 @@ class QueueProcess:
     def complete(self, job: J.Job, outcome: J.Outcome) -> None:
         """Move a finished job's message to its next state.  Retryable: an IO
         error leaves `job` recording how far it got (moved, dirs to fsync)."""
-        msg_id, state = job.msg_id, outcome.state
+        msg_id, path, state = job.msg_id, job.path, outcome.state
         finished_dups = job.dups if state in ("done", "relayed") else []
         if job.sync_dirs is None:
-            self.complete_move(job, outcome)
-        self.store.sync_dirs(job.sync_dirs or [])
+            for leftover in ("pid", "proc.json"):
+                self.store.discard_file(os.path.join(path, leftover))
+            if outcome.status is not None and outcome.status != job.status_on_disk:
+                self.store.write_status(path, outcome.status)
+            if state == "que":
+                job.fields["due"] = round(job.exit_wall + (outcome.due_delay or 0), 3)
+            if finished_dups:
+                job.fields["dups"] = [self.full_id(d) for d in finished_dups]
+            if state == "que" or finished_dups:
+                self.store.write_msg(path, job.fields, sync=False)
+            _, job.sync_dirs = self.store.move_unsynced(msg_id, "run", state)
+        self.store.sync_dirs(job.sync_dirs)
         if state == "que":
             self.index.add_que(msg_id, job.fields["due"], job.fields)
         else:
@@ -686,24 +665,6 @@ class QueueProcess:
         self.finish_dups(job, state, finished_dups)
         if state != "que" and job.fields.get("post_run_webhook"):
             self.fire_webhooks(msg_id, job.fields, state)
-
-    def complete_move(self, job: J.Job, outcome: J.Outcome) -> None:
-        """The file part of complete(): pid files out, final status and msg
-        written, run/ID renamed to its next state; job.sync_dirs then names
-        the directories to fsync."""
-        msg_id, path, state = job.msg_id, job.path, outcome.state
-        finished_dups = job.dups if state in ("done", "relayed") else []
-        for leftover in ("pid", "proc.json"):
-            self.store.discard_file(os.path.join(path, leftover))
-        if outcome.status is not None and outcome.status != job.status_on_disk:
-            self.store.write_status(path, outcome.status)
-        if state == "que":
-            job.fields["due"] = round(job.exit_wall + (outcome.due_delay or 0), 3)
-        if finished_dups:
-            job.fields["dups"] = [self.full_id(d) for d in finished_dups]
-        if state == "que" or finished_dups:
-            self.store.write_msg(path, job.fields, sync=False)
-        _, job.sync_dirs = self.store.move_unsynced(msg_id, "run", state)
 
     def finish_dups(self, job: J.Job, state: str, finished: list[str]) -> None:
         """S5.3: dups follow a done/relayed parent, else they are released."""
