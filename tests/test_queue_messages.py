@@ -295,44 +295,47 @@ def test_s4_1_ids_are_unique_under_concurrent_creation(procs: list[QueueProc],
     assert sorted(e["msg_id"] for e in listed) == sorted(ids)
 
 
-def test_creates_in_flight_are_limited_to_create_slots(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Commands.create lets at most CREATE_SLOTS creates run at once (the others wait their
-    turn instead of contending for the GIL), and every caller gets its own result."""
+def test_committer_batches_the_creates_that_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rq.queue.committer: the first create commits alone and at once; the creates
+    arriving while it runs wait and are committed together by the next leader;
+    every caller gets its own result, and a failed one its own Fail."""
     from types import SimpleNamespace
 
-    from rq.queue.commands import CREATE_SLOTS, Commands
+    from rq.errors import Fail
+    from rq.queue.commands import Commands
     cmds = Commands(SimpleNamespace())  # type: ignore[arg-type]
-    lock = threading.Lock()
-    state = {"arrived": 0, "inside": 0, "max": 0}
-    release = threading.Event()
+    batches: list[list[str]] = []
+    first_inside, release = threading.Event(), threading.Event()
 
-    def fake_create(fields: dict, src_path: str | None) -> str:
-        with lock:
-            state["inside"] += 1
-            state["max"] = max(state["max"], state["inside"])
-        release.wait(30)
-        with lock:
-            state["inside"] -= 1
-        return fields["n"]
+    def fake_create_batch(specs: list) -> list:
+        names = [fields["n"] for fields, _ in specs]
+        batches.append(names)
+        if len(batches) == 1:
+            first_inside.set()
+            release.wait(30)
+        return [("", Fail("no " + n)) if n == "bad" else ("id-" + n, None) for n in names]
 
-    monkeypatch.setattr(cmds, "_create", fake_create)
-    results: list[str] = []
+    monkeypatch.setattr(cmds, "create_batch", fake_create_batch)
+    results: dict[str, object] = {}
 
     def caller(n: str) -> None:
-        with lock:
-            state["arrived"] += 1
-        results.append(cmds.create({"n": n}))
+        try:
+            results[n] = cmds.committer.create({"n": n})
+        except Fail as exc:
+            results[n] = exc.args[0]
 
-    threads = [threading.Thread(target=caller, args=(str(i),)) for i in range(8)]
-    for t in threads:
+    first = threading.Thread(target=caller, args=("0",))
+    first.start()
+    assert first_inside.wait(10)
+    others = [threading.Thread(target=caller, args=(n,)) for n in ("1", "2", "3", "bad")]
+    for t in others:
         t.start()
-    wait_for(lambda: state["arrived"] == 8 and state["inside"] == CREATE_SLOTS, 10,
-             what="all callers arrived, the slots taken")
+    wait_for(lambda: len(cmds.committer._pending) == 4, 10, what="four creates waiting")
     release.set()
-    for t in threads:
+    for t in [first, *others]:
         t.join(10)
-    assert sorted(results, key=int) == [str(i) for i in range(8)]
-    assert state["max"] == CREATE_SLOTS
+    assert batches == [["0"], ["1", "2", "3", "bad"]]
+    assert results == {"0": "id-0", "1": "id-1", "2": "id-2", "3": "id-3", "bad": "no bad"}
 
 
 def test_concurrent_creates_share_the_fsync_of_que(root: Path) -> None:

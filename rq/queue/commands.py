@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -31,11 +30,6 @@ ALWAYS = {"ping", "uptime", "config", "status", "shutdown", "num_messages", "mes
 # loop is not woken for another (S2.6): that spares a whole loop pass
 # contending for the GIL per enqueue.
 INLINE_PASS = {"create_message"}
-# Creates in flight at once (allocate + commit).  Two keep one thread in Python while the other
-# waits in an fsync, and concurrent commits still share the fsync of que/; with one thread per
-# client connection and no limit, 8 clients made the request threads fight over the GIL
-# (~217 futex calls per create against ~8 with one client) and enqueued 20-30 % less.
-CREATE_SLOTS = 2
 DEFAULT_LIMIT = 1000
 
 
@@ -44,7 +38,6 @@ class Commands:
         self.q = q
         self.table: dict[str, Callable[[Any], Any]] = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
-        self.create_slots = threading.BoundedSemaphore(CREATE_SLOTS)
         self.committer = Committer(self)  # create_message: group commit (rq.queue.committer)
 
     def handle(self, cmd: str, arg: str | None, conn: socket.socket) -> Any:
@@ -154,24 +147,46 @@ class Commands:
             return ["ok", self.q.full_id(self.committer.create(fields))]
 
     def create(self, fields: dict[str, Any], src_path: str | None = None) -> str:
-        """Allocate + (attachments) + commit; the id once durable in que/.  At most
-        CREATE_SLOTS run at once."""
-        with self.create_slots:
-            return self._create(fields, src_path)
-
-    def _create(self, fields: dict[str, Any], src_path: str | None) -> str:
-        msg_id, path = self.allocate(fields, sync_prep=False)
-        try:
-            if src_path is not None:
-                self.q.store.link_attachments(src_path, path)
-            self.commit(msg_id, fields)
-        except Fail:
-            self.discard_prep(msg_id, path)
-            raise
-        except OSError as exc:
-            self.discard_prep(msg_id, path)
-            raise Fail(f"msg couldn't be created: {exc.strerror or exc}") from exc
+        """Allocate + (attachments) + commit; the id once durable in que/.  For
+        callers that may hold the queue lock (cron, clone); requests go through
+        the committer, which batches them."""
+        [(msg_id, error)] = self.create_batch([(fields, src_path)])
+        if error is not None:
+            raise error
         return msg_id
+
+    def create_batch(self, specs: list[tuple[dict[str, Any], str | None]]
+                     ) -> list[tuple[str, Fail | None]]:
+        """create() for several messages at once, sharing one commit
+        (commit_batch); per message its id and None, or "" and its Fail.  A
+        message that fails after its allocation is removed from prep."""
+        out: list[tuple[str, Fail | None]] = []
+        made: list[tuple[int, str, str]] = []
+        for fields, src_path in specs:
+            try:
+                msg_id, path = self.allocate(fields, sync_prep=False)
+                if src_path is not None:
+                    try:
+                        self.q.store.link_attachments(src_path, path)
+                    except OSError:
+                        self.discard_prep(msg_id, path)
+                        raise
+            except OSError as exc:
+                out.append(("", Fail(f"msg couldn't be created: {exc.strerror or exc}")))
+                continue
+            except Fail as exc:
+                out.append(("", exc))
+                continue
+            made.append((len(out), msg_id, path))
+            out.append((msg_id, None))
+        errors = self.commit_batch([(msg_id, specs[i][0]) for i, msg_id, _ in made])
+        for (i, msg_id, path), err in zip(made, errors):
+            if err is None:
+                continue
+            self.discard_prep(msg_id, path)
+            out[i] = ("", err if isinstance(err, Fail)
+                      else Fail(f"msg couldn't be created: {err.strerror or err}"))
+        return out
 
     def allocate(self, fields: dict[str, Any], *, sync_prep: bool) -> tuple[str, str]:
         q = self.q
@@ -197,31 +212,64 @@ class Commands:
     def commit(self, msg_id: str, fields: dict[str, Any] | None = None) -> None:
         """prep → que, made durable before the message can be scheduled.
         `fields` are the stored fields when the caller has them."""
+        [error] = self.commit_batch([(msg_id, fields)])
+        if error is not None:
+            raise error
+
+    def commit_batch(self, items: list[tuple[str, dict[str, Any] | None]]
+                     ) -> list[OSError | Fail | None]:
+        """commit() for several messages with one fsync of que/ and one
+        scheduler pass; per message None, or the OSError of its rename (still
+        in prep), or a Fail (not durable: put back in prep)."""
         q = self.q
+        errors: list[OSError | Fail | None] = [None] * len(items)
+        moved: list[int] = []
         with q.lock:
-            q.store.move(msg_id, "prep", "que", sync=False)
-            q.index.prep.discard(msg_id)
-        que_path = q.store.msg_path("que", msg_id)
+            for i, (msg_id, _) in enumerate(items):
+                try:
+                    q.store.move(msg_id, "prep", "que", sync=False)
+                except OSError as exc:
+                    errors[i] = exc
+                    continue
+                q.index.prep.discard(msg_id)
+                moved.append(i)
+        if not moved:
+            return errors
+        stored: dict[int, dict[str, Any]] = {}
         try:
             q.fs.fsync_dir_shared(q.store.state_dir("que"))
-            if fields is None:
-                fields = q.store.read_msg(que_path)
-        except (OSError, ValueError) as exc:
-            with q.lock:  # not durable: put it back so the state matches the reply
+        except OSError as exc:
+            for i in moved:
+                errors[i] = Fail(f"commit failed: {exc.strerror or exc}")
+        for i in moved:
+            msg_id, fields = items[i]
+            if errors[i] is None and fields is None:
                 try:
+                    fields = q.store.read_msg(q.store.msg_path("que", msg_id))
+                except (OSError, ValueError) as exc:
+                    errors[i] = Fail(f"commit failed: {getattr(exc, 'strerror', None) or exc}")
+            if errors[i] is None and fields is not None:
+                stored[i] = fields
+        with q.lock:
+            for i in moved:
+                msg_id = items[i][0]
+                if i in stored:
+                    que_path = q.store.msg_path("que", msg_id)
+                    if os.path.isdir(que_path) and msg_id not in q.index.que:
+                        q.index.add_que(msg_id, stored[i].get("due", 0), stored[i])
+                    q.events.log(msg_id, "prep", "que", count=stored[i].get("count"))
+                    continue
+                try:  # not durable: put it back so the state matches the reply
                     q.store.move(msg_id, "que", "prep", sync=False)
                     q.index.prep.add(msg_id)
                 except OSError:
                     log.error("commit of %s failed and could not be undone", msg_id)
-            raise Fail(f"commit failed: {getattr(exc, 'strerror', None) or exc}") from exc
-        with q.lock:
-            if os.path.isdir(que_path) and msg_id not in q.index.que:
-                q.index.add_que(msg_id, fields.get("due", 0), fields)
-            q.events.log(msg_id, "prep", "que", count=fields.get("count"))
             now = time.time()
-            q.schedule(now)
-        if float(fields.get("due", 0) or 0) > now:
+            if stored:
+                q.schedule(now)
+        if any(float(f.get("due", 0) or 0) > now for f in stored.values()):
             q.loop.wake()  # the loop's next wake-up may now be earlier
+        return errors
 
     def cmd_commit_message(self, data: Any) -> Any:
         msg_id = self.msg_id(data)

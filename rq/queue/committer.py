@@ -25,9 +25,7 @@ Commands.create directly: a batch takes that lock itself.
 from __future__ import annotations
 
 import logging
-import os
 import threading
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -87,53 +85,6 @@ class Committer:
         return item.msg_id
 
     def _commit(self, batch: list[_Item]) -> None:
-        cmds, q = self.commands, self.commands.q
-        for item in batch:
-            try:
-                item.msg_id, item.path = cmds.allocate(item.fields, sync_prep=False)
-            except Fail as exc:
-                item.error = exc
-        made = [item for item in batch if item.error is None]
-        if not made:
-            return
-        moved: list[_Item] = []
-        with q.lock:
-            for item in made:
-                try:
-                    q.store.move(item.msg_id, "prep", "que", sync=False)
-                except OSError as exc:
-                    item.error = Fail(f"commit failed: {exc.strerror or exc}")
-                    continue
-                q.index.prep.discard(item.msg_id)
-                moved.append(item)
-        try:
-            if moved:
-                q.fs.fsync_dir_shared(q.store.state_dir("que"))
-        except OSError as exc:
-            with q.lock:  # not durable: back to prep, so the state matches the reply
-                for item in moved:
-                    item.error = Fail(f"commit failed: {exc.strerror or exc}")
-                    try:
-                        q.store.move(item.msg_id, "que", "prep", sync=False)
-                        q.index.prep.add(item.msg_id)
-                    except OSError:
-                        log.error("commit of %s failed and could not be undone", item.msg_id)
-            moved = []
-        for item in made:
-            if item.error is not None:
-                cmds.discard_prep(item.msg_id, item.path)
-        if not moved:
-            return
-        with q.lock:
-            now = time.time()
-            later = False
-            for item in moved:
-                fields = item.fields
-                if item.msg_id not in q.index.que and os.path.isdir(
-                        q.store.msg_path("que", item.msg_id)):  # not deleted meanwhile
-                    q.index.add_que(item.msg_id, fields.get("due", 0), fields)
-                q.events.log(item.msg_id, "prep", "que", count=fields.get("count"))
-                later = later or float(fields.get("due", 0) or 0) > now
-            q.schedule(now)
-        if later:
-            q.loop.wake()  # the loop's next wake-up may now be earlier
+        results = self.commands.create_batch([(item.fields, None) for item in batch])
+        for item, (msg_id, error) in zip(batch, results):
+            item.msg_id, item.error = msg_id, error
