@@ -17,6 +17,7 @@ job).  RQ_JOB_SPAWN=sh in the environment chooses the wrapper (tests run both).
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import signal
 import subprocess
@@ -223,7 +224,6 @@ def group_alive(pgid: int) -> bool:
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
-_boot_time: list[float] = []
 
 
 def start_time(pid: int) -> float | None:
@@ -244,9 +244,12 @@ def start_time(pid: int) -> float | None:
 
 
 def _start_from_ticks(ticks: int) -> float:
-    if not _boot_time:
-        _boot_time.append(psutil.boot_time())
-    return _boot_time[0] + ticks / _CLK_TCK
+    return _boot_time() + ticks / _CLK_TCK
+
+
+@functools.cache
+def _boot_time() -> float:
+    return psutil.boot_time()
 
 
 def alive_with_start(pid: int, start: float | None) -> bool:

@@ -43,8 +43,7 @@ class _Item:
     fields: dict[str, Any]
     finished: bool = False
     msg_id: str = ""
-    path: str = ""
-    error: BaseException | None = None
+    error: Fail | None = None
 
 
 class Committer:
@@ -68,7 +67,9 @@ class Committer:
                 self._leading = True
                 batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
             try:
-                self._commit(batch)
+                results = self.commands.create_batch([(other.fields, None) for other in batch])
+                for other, (msg_id, error) in zip(batch, results):
+                    other.msg_id, other.error = msg_id, error
             except BaseException as exc:  # never leave a waiting request without an answer
                 log.exception("create batch failed")
                 for other in batch:
@@ -83,8 +84,3 @@ class Committer:
         if item.error is not None:
             raise item.error
         return item.msg_id
-
-    def _commit(self, batch: list[_Item]) -> None:
-        results = self.commands.create_batch([(item.fields, None) for item in batch])
-        for item, (msg_id, error) in zip(batch, results):
-            item.msg_id, item.error = msg_id, error
