@@ -1,20 +1,36 @@
-"""The rq1 Unix-socket server shared by the manager and queue processes (S7.1).
+"""The rq1 Unix-socket server shared by the manager, queue and timer processes (S7.1).
 
 Owns: binding the socket (stale file unlinked, mode 0660), accepting
-connections, one thread per connection so a slow client or a waiting request
-never blocks another, frame reading with a deadline, and turning every framing
-error into ["fail","bad request"].  It knows nothing about commands: a handler
-callable maps (cmd, raw_arg) to a JSON-able reply.
+connections, reading request frames with a deadline, turning every framing
+error into ["fail","bad request"], and writing the replies.  It knows nothing
+about commands: a handler callable maps (cmd, raw_arg, conn) to a JSON-able
+reply, and an optional batch handler answers several requests of the same
+short command at once.
+
+One I/O thread accepts and reads every connection without blocking (a
+selector), so a slow or silent client holds no thread.  A complete request is
+then either answered by a worker thread (any command: workers may block as long
+as the handler needs, e.g. a reserve that waits or a subscription that keeps
+the connection; a worker is started whenever none is free, and surplus ones
+retire), or, for the commands named in `batch_cmds`, collected: the requests of
+those commands read in one pass are answered together by the I/O thread itself
+through `batch_handler`.  The queue process uses that for create_message, so
+concurrent enqueues share one commit (rq.queue.committer) and the request path
+runs on one thread: with a thread per request, eight clients made eight
+threads hand the GIL to each other at every system call.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
+import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 from rq import protocol
@@ -25,6 +41,7 @@ log = logging.getLogger(__name__)
 READ_TIMEOUT = 30.0
 SPARE_WORKERS = 4
 REPLY_GRACE = 2.0  # close() waits this long at most for replies being written
+ACCEPT_PER_PASS = 64  # connections taken per wake-up before reading them
 
 
 BAD_REQUEST = ["fail", "bad request"]
@@ -50,6 +67,8 @@ class KeepOpen:
 
 KEEP_OPEN = KeepOpen()
 Handler = Callable[[str, "str | None", socket.socket], Any]
+# Replies in request order; an item may be an exception, answered as handle() would.
+BatchHandler = Callable[[list[tuple[str, "str | None"]]], list[Any]]
 
 
 def recv_exact(conn: socket.socket, size: int) -> bytes:
@@ -68,14 +87,52 @@ def read_frame(conn: socket.socket) -> bytes:
     return recv_exact(conn, size)
 
 
-class Rq1Server:
-    """Serve `handler` on a Unix socket at `path` from background threads."""
+def reply_for(outcome: Any, cmd: str) -> Any:
+    """The reply for a handler's result or the exception it raised."""
+    if isinstance(outcome, ProtocolError):
+        return BAD_REQUEST
+    if isinstance(outcome, Fail):
+        return ["fail", str(outcome)]
+    if isinstance(outcome, Exception):  # a bug must not take the daemon down (S2.6)
+        log.error("request %s failed", cmd, exc_info=outcome)
+        return ["fail", "internal error"]
+    return outcome
 
-    def __init__(self, path: str, handler: Handler) -> None:
+
+@dataclass
+class _Job:
+    """A request for a worker: call the handler, or send a reply already made
+    (`reply` set; `data` the part of it still unsent)."""
+    conn: socket.socket
+    cmd: str = ""
+    arg: str | None = None
+    reply: Any = None
+    data: bytes | None = None
+
+
+@dataclass
+class _Reading:
+    """A connection whose request frame is still arriving."""
+    conn: socket.socket
+    deadline: float
+    buf: bytearray = field(default_factory=bytearray)
+    need: int = protocol.HEADER_LEN   # bytes wanted in buf for the current part
+    header_done: bool = False
+
+
+class Rq1Server:
+    """Serve `handler` (and `batch_handler` for `batch_cmds`) on a Unix socket at `path`."""
+
+    def __init__(self, path: str, handler: Handler, *, batch_cmds: Collection[str] = (),
+                 batch_handler: BatchHandler | None = None) -> None:
         self.path = path
         self.handler = handler
+        self.batch_cmds = frozenset(batch_cmds) if batch_handler is not None else frozenset()
+        self.batch_handler = batch_handler
         self._sock: socket.socket | None = None
+        self._io: threading.Thread | None = None
 
+    # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
         if os.path.lexists(self.path):
             os.unlink(self.path)  # stale socket from a crashed owner (S2.2)
@@ -86,75 +143,226 @@ class Rq1Server:
         finally:
             os.umask(old)
         sock.listen(512)
+        sock.setblocking(False)
         self._sock = sock
-        self._spare_lock = threading.Lock()
-        self._idle = 0
-        self._busy = 0                       # connections being answered
-        self._busy_cond = threading.Condition()
+        self._stopping = False
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._free = 0                      # workers that would take a job at once
+        self._busy = 0                      # requests read and not yet answered
+        self._busy_cond = threading.Condition(self._lock)
         for _ in range(SPARE_WORKERS):
             self._add_worker()
+        self._io = threading.Thread(target=self._io_loop, name="rq1-io", daemon=True)
+        self._io.start()
 
     def close(self, reply_grace: float = REPLY_GRACE) -> None:
         """Stop accepting, then wait (at most `reply_grace` s) for the replies
         being written, so e.g. the "ok" of `shutdown` reaches its client
         before the process exits."""
-        sock, self._sock = self._sock, None
-        if sock is not None:
+        io, self._io = self._io, None
+        if io is None:
+            return
+        deadline = time.monotonic() + reply_grace
+        self._stopping = True
+        os.write(self._wake_w, b"x")
+        io.join(reply_grace)  # it closes the listening socket and unread connections
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        with self._busy_cond:
+            while self._busy and time.monotonic() < deadline:
+                self._busy_cond.wait(max(0.0, deadline - time.monotonic()))
+        for _ in range(SPARE_WORKERS * 4):
+            self._jobs.put(None)  # idle workers exit; busy ones retire after their job
+
+    # ------------------------------------------------------------ the I/O thread
+    def _io_loop(self) -> None:
+        assert self._sock is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self._sock, selectors.EVENT_READ)
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        reading: dict[int, _Reading] = {}
+        try:
+            while not self._stopping:
+                events = sel.select(self._select_timeout(reading))
+                batch: list[tuple[socket.socket, str, str | None]] = []
+                for key, _ in events:
+                    if key.fileobj is self._sock:
+                        self._accept(sel, reading, batch)
+                    elif key.fileobj == self._wake_r:
+                        self._drain_wake()
+                    else:
+                        self._read(sel, reading, key.data, batch)
+                self._expire(sel, reading)
+                if batch:
+                    self._answer_batch(batch)
+        except Exception:  # a bug here must not leave the socket silently dead
+            log.exception("rq1 I/O thread failed")
+        finally:
+            for r in reading.values():
+                r.conn.close()
+            sel.close()
+            self._sock.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _select_timeout(self, reading: dict[int, _Reading]) -> float | None:
+        if not reading:
+            return None
+        return max(0.0, min(r.deadline for r in reading.values()) - time.monotonic())
+
+    def _drain_wake(self) -> None:
+        try:
+            os.read(self._wake_r, 512)
+        except BlockingIOError:
+            pass
+
+    def _accept(self, sel: selectors.BaseSelector, reading: dict[int, _Reading],
+                batch: list[tuple[socket.socket, str, str | None]]) -> None:
+        assert self._sock is not None
+        deadline = time.monotonic() + READ_TIMEOUT
+        for _ in range(ACCEPT_PER_PASS):
             try:
-                sock.shutdown(socket.SHUT_RDWR)
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: log, retry on the next event
+                log.warning("accept failed: %s", exc)
+                return
+            conn.setblocking(False)
+            r = _Reading(conn, deadline)
+            # Clients send right after connecting: read at once, and only
+            # wait in the selector for what has not arrived yet.
+            if not self._read(sel, reading, r, batch, registered=False):
+                reading[conn.fileno()] = r
+                sel.register(conn, selectors.EVENT_READ, r)
+
+    def _read(self, sel: selectors.BaseSelector, reading: dict[int, _Reading], r: _Reading,
+              batch: list[tuple[socket.socket, str, str | None]], *,
+              registered: bool = True) -> bool:
+        """Read what has arrived of `r`'s frame (never past its end: a
+        subscription sends more frames later).  True once `r` is done with:
+        its request complete and routed, or the connection gone or refused."""
+        try:
+            while True:
+                chunk = r.conn.recv(min(r.need - len(r.buf), 1 << 20))
+                if not chunk:  # closed mid-frame: refused, as a client that half-closes expects
+                    return self._finish(sel, reading, r, registered, ("", None), batch)
+                r.buf += chunk
+                if len(r.buf) < r.need:
+                    continue
+                if r.header_done:
+                    request = protocol.split_request(bytes(r.buf))
+                    return self._finish(sel, reading, r, registered, request, batch)
+                r.need = protocol.parse_header(bytes(r.buf))
+                r.buf.clear()
+                r.header_done = True
+                if r.need == 0:
+                    return self._finish(sel, reading, r, registered, ("", None), batch)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except ProtocolError:
+            return self._finish(sel, reading, r, registered, ("", None), batch)
+        except OSError:  # the client went away
+            return self._finish(sel, reading, r, registered, None, batch)
+
+    def _finish(self, sel: selectors.BaseSelector, reading: dict[int, _Reading], r: _Reading,
+                registered: bool, request: tuple[str, str | None] | None,
+                batch: list[tuple[socket.socket, str, str | None]]) -> bool:
+        """Route a connection whose reading is over: `request` None closes it
+        (the client is gone), cmd "" is refused, batch commands are collected,
+        the rest go to a worker."""
+        if registered:
+            sel.unregister(r.conn)
+            del reading[r.conn.fileno()]
+        if request is None:
+            r.conn.close()
+            return True
+        cmd, arg = request
+        with self._lock:
+            self._busy += 1
+        if cmd in self.batch_cmds:
+            batch.append((r.conn, cmd, arg))
+        elif cmd == "":
+            self._dispatch(_Job(r.conn, reply=BAD_REQUEST))
+        else:
+            self._dispatch(_Job(r.conn, cmd, arg))
+        return True
+
+    def _expire(self, sel: selectors.BaseSelector, reading: dict[int, _Reading]) -> None:
+        """Refuse the frames not complete within READ_TIMEOUT."""
+        now = time.monotonic()
+        for r in [r for r in reading.values() if r.deadline <= now]:
+            self._finish(sel, reading, r, True, ("", None), [])
+
+    def _answer_batch(self, batch: list[tuple[socket.socket, str, str | None]]) -> None:
+        assert self.batch_handler is not None
+        try:
+            outcomes = self.batch_handler([(cmd, arg) for _, cmd, arg in batch])
+            if len(outcomes) != len(batch):
+                raise RuntimeError(f"{len(outcomes)} replies for {len(batch)} requests")
+        except Exception as exc:
+            outcomes = [exc] * len(batch)
+        for (conn, cmd, _), outcome in zip(batch, outcomes):
+            reply = reply_for(outcome, cmd)
+            data = protocol.encode_reply(reply)
+            try:
+                sent = conn.send(data) if reply != BAD_REQUEST else 0
+            except (BlockingIOError, InterruptedError):
+                sent = 0
             except OSError:
-                pass
-            sock.close()
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-            deadline = time.monotonic() + reply_grace
-            with self._busy_cond:
-                while self._busy and time.monotonic() < deadline:
-                    self._busy_cond.wait(max(0.0, deadline - time.monotonic()))
+                conn.close()
+                self._done()
+                continue
+            if sent == len(data):
+                conn.close()
+                self._done()
+            else:  # the rest (or the refusal and its drain) may block: a worker's job
+                self._dispatch(_Job(conn, cmd, reply=reply, data=data[sent:]))
+
+    # ------------------------------------------------------------ workers
+    def _dispatch(self, job: _Job) -> None:
+        """Hand `job` to a free worker, starting one if none is free.  `_free`
+        counts the workers waiting for a job minus the jobs not yet taken."""
+        with self._lock:
+            start = self._free == 0
+            if not start:
+                self._free -= 1
+        if start:
+            threading.Thread(target=self._worker, name="rq1-worker", daemon=True).start()
+        self._jobs.put(job)
 
     def _add_worker(self) -> None:
-        with self._spare_lock:
-            self._idle += 1
+        with self._lock:
+            self._free += 1
         threading.Thread(target=self._worker, name="rq1-worker", daemon=True).start()
 
     def _worker(self) -> None:
-        """Accept and serve connections.  Workers call accept() themselves (no
-        hand-off between threads); when the last idle worker takes a
-        connection it starts another, so a slow client or a long request
-        never blocks the others, and surplus workers retire."""
-        while self._sock is not None:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                if self._sock is None:
-                    break
-                continue
-            with self._spare_lock:
-                self._idle -= 1
-                need_more = self._idle == 0
-            if need_more:
-                self._add_worker()
-            self._serve(conn)
-            with self._spare_lock:
-                if self._idle >= SPARE_WORKERS:
-                    return  # enough spare workers: retire
-                self._idle += 1
-        with self._spare_lock:
-            self._idle -= 1
+        """Serve jobs until told to stop or, with enough free workers, retire."""
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            self._serve(job)
+            with self._lock:
+                if self._free >= SPARE_WORKERS or self._stopping:
+                    return
+                self._free += 1
 
-    def _serve(self, conn: socket.socket) -> None:
-        keep = False
-        with self._busy_cond:
-            self._busy += 1
+    def _serve(self, job: _Job) -> None:
+        conn, keep = job.conn, False
         try:
             conn.settimeout(READ_TIMEOUT)
-            reply = self._dispatch(conn)
-            if reply is KEEP_OPEN:
-                keep = True
-                return
-            conn.sendall(protocol.encode_reply(reply))
+            reply, data = job.reply, job.data
+            if reply is None:
+                reply = self._call(job.cmd, job.arg, conn)
+                if reply is KEEP_OPEN:
+                    keep = True
+                    return
+            conn.sendall(protocol.encode_reply(reply) if data is None else data)
             if reply == BAD_REQUEST:
                 _drain(conn)
         except OSError:
@@ -162,21 +370,15 @@ class Rq1Server:
         finally:
             if not keep:
                 conn.close()
-            with self._busy_cond:
-                self._busy -= 1
-                self._busy_cond.notify_all()
+            self._done()
 
-    def _dispatch(self, conn: socket.socket) -> Any:
-        try:
-            cmd, arg = protocol.split_request(read_frame(conn))
-        except (ProtocolError, socket.timeout):
-            return BAD_REQUEST
+    def _call(self, cmd: str, arg: str | None, conn: socket.socket) -> Any:
         try:
             return self.handler(cmd, arg, conn)
-        except ProtocolError:
-            return ["fail", "bad request"]
-        except Fail as exc:
-            return ["fail", str(exc)]
-        except Exception:  # a bug must not take the daemon down (S2.6)
-            log.exception("request %s failed", cmd)
-            return ["fail", "internal error"]
+        except Exception as exc:
+            return reply_for(exc, cmd)
+
+    def _done(self) -> None:
+        with self._busy_cond:
+            self._busy -= 1
+            self._busy_cond.notify_all()

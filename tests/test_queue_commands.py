@@ -636,6 +636,23 @@ def test_s7_3_get_message_of_an_unreadable_msg_file(procs: list[QueueProc],
     assert qp.ping()
 
 
+def test_s7_3_get_message_of_a_message_moving_through_its_states(procs: list[QueueProc],
+                                                                 root: Path) -> None:
+    """A message read while it moves que → run → done is looked up again, never
+    answered "msg couldn't be read" (STYLE habit 2; seen once in CI)."""
+    qp = start_queue(procs, root, num_workers=2)
+    replies: list[Any] = []
+    for _ in range(30):
+        full = create(qp)
+        while True:  # read it over and over while it runs to done
+            reply = qp.call("get_message", {"msg_id": full})
+            replies.append(reply)
+            if reply[0] != "ok" or reply[1]["state"] == "done":
+                break
+    assert [r for r in replies if r[0] != "ok"] == []
+    assert {r[1]["state"] for r in replies} >= {"done"}
+
+
 # ---------------------------------------------------------------- attachments (S4.8)
 
 def md5(data: bytes) -> str:

@@ -1,14 +1,23 @@
 """The rq1 server (rq/sockserve.py, S7.1): close() lets replies being written
-reach their clients (the "ok" of `shutdown` arrives before the process exits)."""
+reach their clients (the "ok" of `shutdown` arrives before the process exits);
+one I/O thread reads every request, a slow or broken client holds up no one,
+and the requests of a batch command read in one pass are answered together."""
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rq import client
-from rq.sockserve import Rq1Server
+import pytest
+
+from rq import client, protocol, sockserve
+from rq.errors import Fail, ProtocolError
+from rq.sockserve import Rq1Server, read_frame
 
 
 def blocking_server(tmp_path: Path, reply: Any) -> tuple[Rq1Server, str, threading.Event,
@@ -52,3 +61,156 @@ def test_close_gives_up_after_the_grace(tmp_path: Path) -> None:
     assert caller.is_alive()
     release.set()
     caller.join(5)
+
+
+# ---------------------------------------------------------------- the I/O thread and batches
+
+def frame(cmd: str, arg: str | None = None) -> bytes:
+    return protocol.encode_request(cmd, arg, raw=True)
+
+
+@pytest.fixture
+def connect() -> Iterator[Callable[[str], socket.socket]]:
+    """connect(path): a client socket, closed at the end of the test."""
+    opened: list[socket.socket] = []
+
+    def connect_to(path: str) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        opened.append(s)
+        s.settimeout(10)
+        s.connect(path)
+        return s
+
+    yield connect_to
+    for s in opened:
+        s.close()
+
+
+def answer(s: socket.socket) -> Any:
+    return json.loads(read_frame(s))
+
+
+def echo(cmd: str, arg: Any, conn: Any) -> Any:
+    return ["ok", cmd, arg]
+
+
+def test_requests_read_in_one_pass_are_answered_as_one_batch(
+        tmp_path: Path, connect: Callable[[str], socket.socket]) -> None:
+    """While the batch handler is busy, the requests that arrive wait in the
+    kernel; the next pass reads them all and hands them over together."""
+    batches: list[list[str | None]] = []
+    first_in = threading.Event()
+    release = threading.Event()
+
+    def batch(requests: list[tuple[str, str | None]]) -> list[Any]:
+        batches.append([arg for _, arg in requests])
+        if len(batches) == 1:
+            first_in.set()
+            release.wait(10)
+        return [["ok", arg] for _, arg in requests]
+
+    path = str(tmp_path / "s.sock")
+    server = Rq1Server(path, echo, batch_cmds={"put"}, batch_handler=batch)
+    server.start()
+    try:
+        first = connect(path)
+        first.sendall(frame("put", "a"))
+        assert first_in.wait(5)
+        others = [connect(path) for _ in range(7)]
+        for i, s in enumerate(others):
+            s.sendall(frame("put", str(i)))  # queued in the kernel: the I/O thread is busy
+        release.set()
+        assert answer(first) == ["ok", "a"]
+        assert [answer(s) for s in others] == [["ok", str(i)] for i in range(7)]
+        assert batches == [["a"], [str(i) for i in range(7)]]
+        assert client.call(path, "other", raw=True) == ["ok", "other", None]  # not batched
+    finally:
+        server.close()
+
+
+def test_a_batch_handler_failure_answers_every_request_and_serving_goes_on(
+        tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def batch(requests: list[tuple[str, str | None]]) -> list[Any]:
+        calls.append(len(requests))
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        outcomes = {"bad": ProtocolError("bad"), "full": Fail("no room"), "bug": KeyError("x")}
+        return [outcomes.get(arg or "", ["ok", arg]) for _, arg in requests]
+
+    path = str(tmp_path / "s.sock")
+    server = Rq1Server(path, echo, batch_cmds={"put"}, batch_handler=batch)
+    server.start()
+    try:
+        assert client.call(path, "put", "a", raw=True) == ["fail", "internal error"]
+        assert client.call(path, "put", "bad", raw=True) == ["fail", "bad request"]
+        assert client.call(path, "put", "full", raw=True) == ["fail", "no room"]
+        assert client.call(path, "put", "bug", raw=True) == ["fail", "internal error"]
+        assert client.call(path, "put", "b", raw=True) == ["ok", "b"]
+        assert client.call(path, "ping", raw=True) == ["ok", "ping", None]
+    finally:
+        server.close()
+
+
+def test_a_slow_client_holds_up_no_one_and_a_frame_may_arrive_in_pieces(
+        tmp_path: Path, connect: Callable[[str], socket.socket]) -> None:
+    path = str(tmp_path / "s.sock")
+    server = Rq1Server(path, echo)
+    server.start()
+    try:
+        slow = connect(path)
+        data = frame("status", '{"a":1}')
+        slow.sendall(data[:5])                  # half a header, then nothing for now
+        assert client.call(path, "ping", raw=True) == ["ok", "ping", None]
+        for i in range(5, len(data)):
+            slow.sendall(data[i:i + 1])
+        assert answer(slow) == ["ok", "status", '{"a":1}']
+    finally:
+        server.close()
+
+
+def test_an_incomplete_frame_is_refused_after_the_read_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        connect: Callable[[str], socket.socket]) -> None:
+    monkeypatch.setattr(sockserve, "READ_TIMEOUT", 0.3)
+    path = str(tmp_path / "s.sock")
+    server = Rq1Server(path, echo)
+    server.start()
+    try:
+        stalled = connect(path)
+        stalled.sendall(b"rq1 0000")
+        t0 = time.monotonic()
+        assert answer(stalled) == ["fail", "bad request"]
+        assert time.monotonic() - t0 < 5
+        half = connect(path)                    # a client that gives up mid-frame
+        half.sendall(frame("ping")[:-2])
+        half.shutdown(socket.SHUT_WR)
+        assert answer(half) == ["fail", "bad request"]
+        garbage = connect(path)
+        garbage.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        assert answer(garbage) == ["fail", "bad request"]
+        assert client.call(path, "ping", raw=True) == ["ok", "ping", None]
+    finally:
+        server.close()
+
+
+def test_a_handler_that_keeps_the_connection_reads_the_frames_sent_after_the_first(
+        tmp_path: Path, connect: Callable[[str], socket.socket]) -> None:
+    """The I/O thread reads no byte past the request's frame: a subscription
+    reads the client's later frames itself (S8.8)."""
+    def handler(cmd: str, arg: Any, conn: socket.socket) -> Any:
+        second = read_frame(conn)
+        conn.sendall(protocol.encode_reply(["ok", arg, second.decode()]))
+        conn.close()
+        return sockserve.KEEP_OPEN
+
+    path = str(tmp_path / "s.sock")
+    server = Rq1Server(path, handler)
+    server.start()
+    try:
+        s = connect(path)
+        s.sendall(frame("subscribe", "x") + frame("send", "y"))  # one write, two frames
+        assert answer(s) == ["ok", "x", "send y"]
+    finally:
+        server.close()

@@ -31,6 +31,7 @@ ALWAYS = {"ping", "uptime", "config", "status", "shutdown", "num_messages", "mes
 # contending for the GIL per enqueue.
 INLINE_PASS = {"create_message"}
 DEFAULT_LIMIT = 1000
+MOVED_RETRIES = 5  # a message read while it moves is looked up again (STYLE habit 2)
 
 
 class Commands:
@@ -131,6 +132,28 @@ class Commands:
     def cmd_create_message(self, data: Any) -> Any:
         fields = message.normalize_input(data, time.time())
         return ["ok", self.q.full_id(self.committer.create(fields))]
+
+    def create_messages(self, args: list[str | None]) -> list[Any]:
+        """create_message for several requests at once (the socket's batch
+        handler, rq.sockserve): per request its reply, or the exception the
+        server turns into one (bad JSON, a Fail)."""
+        out: list[Any] = [None] * len(args)
+        todo: list[tuple[int, dict[str, Any]]] = []
+        down = self.q.admin_status() == "DOWN"
+        now = time.time()
+        for i, arg in enumerate(args):
+            if down:
+                out[i] = ["fail", "status: DOWN"]
+                continue
+            try:
+                data = protocol.parse_json_arg(arg) if arg is not None else None
+                todo.append((i, message.normalize_input(data, now)))
+            except Exception as exc:  # its own reply: ProtocolError, Fail, or a logged bug
+                out[i] = exc
+        created = self.committer.create_many([fields for _, fields in todo]) if todo else []
+        for (i, _), outcome in zip(todo, created):
+            out[i] = outcome if isinstance(outcome, Fail) else ["ok", self.q.full_id(outcome)]
+        return out
 
     def cmd_prep_message(self, data: Any) -> Any:
         fields = message.normalize_input(data, time.time())
@@ -322,11 +345,16 @@ class Commands:
 
     # ------------------------------------------------------------ reading
     def cmd_get_message(self, data: Any) -> Any:
-        state, path = self.find(self.msg_id(data))
-        try:
-            return ["ok", self.q.store.message_as_read(state, path)]
-        except (OSError, ValueError):
-            return ["fail", "msg couldn't be read"]
+        msg_id = self.msg_id(data)
+        for _ in range(MOVED_RETRIES):
+            state, path = self.find(msg_id)
+            try:
+                return ["ok", self.q.store.message_as_read(state, path)]
+            except FileNotFoundError:
+                continue  # it moved (que → run → done) under us: look again
+            except (OSError, ValueError):
+                break
+        return ["fail", "msg couldn't be read"]
 
     def cmd_get_message_state(self, data: Any) -> Any:
         return ["ok", self.find(self.msg_id(data))[0]]

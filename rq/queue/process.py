@@ -76,7 +76,8 @@ class QueueProcess:
         from rq.queue.commands import Commands
         self.commands = Commands(self)
         self.cron = Cron(self)  # S9: cron.state.json and firing
-        self.server = Rq1Server(client.queue_socket(main.root, cfg.name), self.handle_request)
+        self.server = Rq1Server(client.queue_socket(main.root, cfg.name), self.handle_request,
+                                batch_cmds={"create_message"}, batch_handler=self.handle_creates)
 
     def handle_request(self, cmd: str, arg: str | None, conn: Any) -> Any:
         """Answer one socket request, then ask the loop for a scheduler pass (S2.6)."""
@@ -87,6 +88,15 @@ class QueueProcess:
         finally:
             if cmd not in INLINE_PASS or not reply or reply[0] != "ok":
                 self.loop.wake()
+
+    def handle_creates(self, requests: list[tuple[str, str | None]]) -> list[Any]:
+        """Answer the create_message requests read in one pass together (group
+        commit, rq.queue.committer); like handle_request, wake the loop unless
+        every reply is an ok whose scheduler pass already ran."""
+        replies = self.commands.create_messages([arg for _, arg in requests])
+        if not all(isinstance(r, list) and r and r[0] == "ok" for r in replies):
+            self.loop.wake()
+        return replies
 
     # ================================================================ lifecycle
     def run(self) -> int:
