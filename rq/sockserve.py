@@ -42,6 +42,7 @@ READ_TIMEOUT = 30.0
 SPARE_WORKERS = 4
 REPLY_GRACE = 2.0  # close() waits this long at most for replies being written
 ACCEPT_PER_PASS = 64  # connections taken per wake-up before reading them
+ACCEPT_PAUSE = 0.1  # after a failed accept (EMFILE), before trying again
 
 
 BAD_REQUEST = ["fail", "bad request"]
@@ -179,40 +180,43 @@ class Rq1Server:
             self._jobs.put(None)  # idle workers exit; busy ones retire after their job
 
     # ------------------------------------------------------------ the I/O thread
+    # Only the I/O thread touches _sel, _reading and _batch.
     def _io_loop(self) -> None:
         assert self._sock is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self._sock, selectors.EVENT_READ)
-        sel.register(self._wake_r, selectors.EVENT_READ)
-        reading: dict[int, _Reading] = {}
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._sock, selectors.EVENT_READ)
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._reading: dict[int, _Reading] = {}
+        self._batch: list[tuple[socket.socket, str, str | None]] = []
+        self._accept_paused_until: float | None = None
         try:
             while not self._stopping:
-                events = sel.select(self._select_timeout(reading))
-                batch: list[tuple[socket.socket, str, str | None]] = []
-                for key, _ in events:
+                for key, _ in self._sel.select(self._select_timeout()):
                     if key.fileobj is self._sock:
-                        self._accept(sel, reading, batch)
+                        self._accept()
                     elif key.fileobj == self._wake_r:
                         self._drain_wake()
                     else:
-                        self._read(sel, reading, key.data, batch)
-                self._expire(sel, reading)
-                if batch:
+                        self._read(key.data)
+                self._expire()
+                if self._batch:
+                    batch, self._batch = self._batch, []
                     self._answer_batch(batch)
         except Exception:  # a bug here must not leave the socket silently dead
             log.exception("rq1 I/O thread failed")
         finally:
-            for r in reading.values():
+            for r in self._reading.values():
                 r.conn.close()
-            sel.close()
+            self._sel.close()
             self._sock.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
 
-    def _select_timeout(self, reading: dict[int, _Reading]) -> float | None:
-        if not reading:
-            return None
-        return max(0.0, min(r.deadline for r in reading.values()) - time.monotonic())
+    def _select_timeout(self) -> float | None:
+        deadlines = [r.deadline for r in self._reading.values()]
+        if self._accept_paused_until is not None:
+            deadlines.append(self._accept_paused_until)
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
 
     def _drain_wake(self) -> None:
         try:
@@ -220,8 +224,7 @@ class Rq1Server:
         except BlockingIOError:
             pass
 
-    def _accept(self, sel: selectors.BaseSelector, reading: dict[int, _Reading],
-                batch: list[tuple[socket.socket, str, str | None]]) -> None:
+    def _accept(self) -> None:
         assert self._sock is not None
         deadline = time.monotonic() + READ_TIMEOUT
         for _ in range(ACCEPT_PER_PASS):
@@ -229,20 +232,24 @@ class Rq1Server:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # EMFILE and the like: log, retry on the next event
-                log.warning("accept failed: %s", exc)
+            except OSError as exc:
+                # EMFILE and the like: the connection stays in the backlog and
+                # the socket stays readable, so stop watching it for a moment
+                # instead of spinning.
+                log.warning("accept failed: %s; pausing accepts for %.1f s",
+                            exc, ACCEPT_PAUSE)
+                self._sel.unregister(self._sock)
+                self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE
                 return
             conn.setblocking(False)
             r = _Reading(conn, deadline)
             # Clients send right after connecting: read at once, and only
             # wait in the selector for what has not arrived yet.
-            if not self._read(sel, reading, r, batch, registered=False):
-                reading[conn.fileno()] = r
-                sel.register(conn, selectors.EVENT_READ, r)
+            if not self._read(r, registered=False):
+                self._reading[conn.fileno()] = r
+                self._sel.register(conn, selectors.EVENT_READ, r)
 
-    def _read(self, sel: selectors.BaseSelector, reading: dict[int, _Reading], r: _Reading,
-              batch: list[tuple[socket.socket, str, str | None]], *,
-              registered: bool = True) -> bool:
+    def _read(self, r: _Reading, *, registered: bool = True) -> bool:
         """Read what has arrived of `r`'s frame (never past its end: a
         subscription sends more frames later).  True once `r` is done with:
         its request complete and routed, or the connection gone or refused."""
@@ -250,34 +257,32 @@ class Rq1Server:
             while True:
                 chunk = r.conn.recv(min(r.need - len(r.buf), 1 << 20))
                 if not chunk:  # closed mid-frame: refused, as a client that half-closes expects
-                    return self._finish(sel, reading, r, registered, ("", None), batch)
+                    return self._finish(r, registered, ("", None))
                 r.buf += chunk
                 if len(r.buf) < r.need:
                     continue
                 if r.header_done:
-                    request = protocol.split_request(bytes(r.buf))
-                    return self._finish(sel, reading, r, registered, request, batch)
+                    return self._finish(r, registered, protocol.split_request(bytes(r.buf)))
                 r.need = protocol.parse_header(bytes(r.buf))
                 r.buf.clear()
                 r.header_done = True
                 if r.need == 0:
-                    return self._finish(sel, reading, r, registered, ("", None), batch)
+                    return self._finish(r, registered, ("", None))
         except (BlockingIOError, InterruptedError):
             return False
         except ProtocolError:
-            return self._finish(sel, reading, r, registered, ("", None), batch)
+            return self._finish(r, registered, ("", None))
         except OSError:  # the client went away
-            return self._finish(sel, reading, r, registered, None, batch)
+            return self._finish(r, registered, None)
 
-    def _finish(self, sel: selectors.BaseSelector, reading: dict[int, _Reading], r: _Reading,
-                registered: bool, request: tuple[str, str | None] | None,
-                batch: list[tuple[socket.socket, str, str | None]]) -> bool:
+    def _finish(self, r: _Reading, registered: bool,
+                request: tuple[str, str | None] | None) -> bool:
         """Route a connection whose reading is over: `request` None closes it
         (the client is gone), cmd "" is refused, batch commands are collected,
         the rest go to a worker."""
         if registered:
-            sel.unregister(r.conn)
-            del reading[r.conn.fileno()]
+            self._sel.unregister(r.conn)
+            del self._reading[r.conn.fileno()]
         if request is None:
             r.conn.close()
             return True
@@ -285,18 +290,22 @@ class Rq1Server:
         with self._lock:
             self._busy += 1
         if cmd in self.batch_cmds:
-            batch.append((r.conn, cmd, arg))
+            self._batch.append((r.conn, cmd, arg))
         elif cmd == "":
             self._dispatch(_Job(r.conn, reply=BAD_REQUEST))
         else:
             self._dispatch(_Job(r.conn, cmd, arg))
         return True
 
-    def _expire(self, sel: selectors.BaseSelector, reading: dict[int, _Reading]) -> None:
-        """Refuse the frames not complete within READ_TIMEOUT."""
+    def _expire(self) -> None:
+        """Refuse the frames not complete within READ_TIMEOUT; resume accepting."""
         now = time.monotonic()
-        for r in [r for r in reading.values() if r.deadline <= now]:
-            self._finish(sel, reading, r, True, ("", None), [])
+        for r in [r for r in self._reading.values() if r.deadline <= now]:
+            self._finish(r, True, ("", None))
+        if self._accept_paused_until is not None and self._accept_paused_until <= now:
+            self._accept_paused_until = None
+            assert self._sock is not None
+            self._sel.register(self._sock, selectors.EVENT_READ)
 
     def _answer_batch(self, batch: list[tuple[socket.socket, str, str | None]]) -> None:
         assert self.batch_handler is not None

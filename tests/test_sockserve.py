@@ -6,6 +6,7 @@ and the requests of a batch command read in one pass are answered together."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -213,4 +214,41 @@ def test_a_handler_that_keeps_the_connection_reads_the_frames_sent_after_the_fir
         s.sendall(frame("subscribe", "x") + frame("send", "y"))  # one write, two frames
         assert answer(s) == ["ok", "x", "send y"]
     finally:
+        server.close()
+
+
+def test_accept_failures_pause_accepting_instead_of_spinning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Out of file descriptors (EMFILE), a pending connection keeps the socket
+    readable: the I/O thread stops watching it for ACCEPT_PAUSE between tries,
+    and answers the client once descriptors are free again."""
+    import resource
+    path = str(tmp_path / "s.sock")
+    server = Rq1Server(path, echo)
+    server.start()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    opened: list[socket.socket] = []
+    try:
+        assert client.call(path, "ping", raw=True) == ["ok", "ping", None]
+        probe = os.open("/dev/null", os.O_RDONLY)
+        os.close(probe)
+        caplog.set_level("WARNING", logger="rq.sockserve")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # takes `probe`'s descriptor
+        opened.append(s)
+        s.settimeout(10)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (probe + 1, hard))  # none left
+        s.connect(path)  # only now is there a connection to accept
+        s.sendall(frame("ping"))
+        t0 = time.monotonic()
+        deadline = t0 + 10
+        while sum("accept failed" in r.message for r in caplog.records) < 3:
+            assert time.monotonic() < deadline, "accept was not retried"
+            time.sleep(0.01)
+        assert time.monotonic() - t0 >= 2 * sockserve.ACCEPT_PAUSE * 0.9  # paused between
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert answer(s) == ["ok", "ping", None]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for s in opened:
+            s.close()
         server.close()
