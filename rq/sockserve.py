@@ -176,7 +176,7 @@ class Rq1Server:
         with self._busy_cond:
             while self._busy and time.monotonic() < deadline:
                 self._busy_cond.wait(max(0.0, deadline - time.monotonic()))
-        for _ in range(SPARE_WORKERS * 4):
+        for _ in range(SPARE_WORKERS):  # no more wait for a job (_worker retires the rest)
             self._jobs.put(None)  # idle workers exit; busy ones retire after their job
 
     # ------------------------------------------------------------ the I/O thread
