@@ -45,10 +45,15 @@ class Commands:
         fn = self.table.get(cmd)
         if fn is None:
             return ["ERROR"]
+        return fn(self.request_data(cmd, arg))
+
+    def request_data(self, cmd: str, arg: str | None) -> Any:
+        """The decoded ARG of a known command; Fail("status: DOWN") while the
+        queue is DOWN (S3.5), except for the ALWAYS commands; ProtocolError
+        for bad JSON (S7.1)."""
         if cmd not in ALWAYS and self.q.admin_status() == "DOWN":
-            return ["fail", "status: DOWN"]
-        data = protocol.parse_json_arg(arg) if arg is not None else None
-        return fn(data)
+            raise Fail("status: DOWN")
+        return protocol.parse_json_arg(arg) if arg is not None else None
 
     # ------------------------------------------------------------ always answered
     def cmd_ping(self, _: Any) -> Any:
@@ -136,21 +141,17 @@ class Commands:
     def create_messages(self, args: list[str | None]) -> list[Any]:
         """create_message for several requests at once (the socket's batch
         handler, rq.sockserve): per request its reply, or the exception the
-        server turns into one (bad JSON, a Fail)."""
+        server turns into one (DOWN, bad JSON, a Fail)."""
         out: list[Any] = [None] * len(args)
         todo: list[tuple[int, dict[str, Any]]] = []
-        down = self.q.admin_status() == "DOWN"
         now = time.time()
         for i, arg in enumerate(args):
-            if down:
-                out[i] = ["fail", "status: DOWN"]
-                continue
             try:
-                data = protocol.parse_json_arg(arg) if arg is not None else None
+                data = self.request_data("create_message", arg)
                 todo.append((i, message.normalize_input(data, now)))
             except Exception as exc:  # its own reply: ProtocolError, Fail, or a logged bug
                 out[i] = exc
-        created = self.committer.create_many([fields for _, fields in todo]) if todo else []
+        created = self.committer.create_many([fields for _, fields in todo])
         for (i, _), outcome in zip(todo, created):
             out[i] = outcome if isinstance(outcome, Fail) else ["ok", self.q.full_id(outcome)]
         return out
