@@ -55,7 +55,24 @@ def normalize_input(data: object, now: float) -> dict[str, Any]:
         msg["post_run_webhook"] = webhooks
     if _truthy(data.get("force_remote")):
         msg["force_remote"] = True
+    _check_utf8(msg)
     return msg
+
+
+def _check_utf8(msg: dict[str, Any]) -> None:
+    """Refuse a field that cannot be stored: JSON may carry a lone surrogate
+    (`"\\ud800"`) that no UTF-8 msg file can hold.  Checked here, per request,
+    so the failure is this request's own and never its batch's (S7.3)."""
+    try:
+        json.dumps(msg, ensure_ascii=False).encode()
+        return
+    except UnicodeEncodeError:
+        pass
+    for key, value in msg.items():
+        try:
+            json.dumps(value, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise Fail(f"invalid {key} value: not valid Unicode text") from None
 
 
 def param_text(v: object) -> str:

@@ -338,6 +338,51 @@ def test_committer_batches_the_creates_that_wait(monkeypatch: pytest.MonkeyPatch
     assert results == {"0": "id-0", "1": "id-1", "2": "id-2", "3": "id-3", "bad": "no bad"}
 
 
+@pytest.mark.parametrize("fields", [
+    {"dest": "test", "param1": "\ud800"},
+    {"dest": "test", "param3": ["a", "\udfff"]},
+    {"dest": "test", "post_run_webhook": "http://h/\ud83d"},
+    {"dest": "\ud800"},
+], ids=["param1", "param3-list", "webhook", "dest"])
+def test_s4_4_unencodable_text_is_refused_alone(paused: QueueProc, fields: dict[str, Any]
+                                               ) -> None:
+    """Legal JSON that no UTF-8 msg file can hold (a lone surrogate) is this
+    request's own clear refusal, and leaves nothing in prep (issue 13, D4)."""
+    reply = paused.call("create_message", json.dumps(fields), raw=True)  # \ud800 escapes
+    assert reply[0] == "fail" and "not valid Unicode text" in reply[1], reply
+    assert os.listdir(paused.root / "queue" / "test" / "prep") == []
+
+
+def test_d4_a_bad_create_never_fails_the_others_in_its_batch(procs: list[QueueProc],
+                                                           root: Path) -> None:
+    """Issue 13, D4: over the socket, creates that cannot be stored race normal
+    creates committed in the same batches; before the fix most normal creates
+    failed with the bad one's codec error and bad ones left orphans in prep."""
+    qp = start_queue(procs, root, paused=True)
+    replies: dict[str, list[Any]] = {"good": [], "bad": []}
+    lock = threading.Lock()
+
+    def worker(kind: str) -> None:
+        fields = {"dest": "test", "param1": "\ud800" if kind == "bad" else "fine"}
+        for _ in range(40):
+            reply = qp.call("create_message", json.dumps(fields), raw=True)
+            with lock:
+                replies[kind].append(reply)
+
+    threads = [threading.Thread(target=worker, args=(kind,))
+               for kind in ("good", "bad") * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(replies["good"]) == 160 and len(replies["bad"]) == 160
+    assert [r for r in replies["good"] if r[0] != "ok"] == []
+    assert {tuple(r) for r in replies["bad"]} == {
+        ("fail", "invalid param1 value: not valid Unicode text")}
+    assert qp.counts()["que"] == 160
+    assert os.listdir(root / "queue" / "test" / "prep") == []
+
+
 def test_concurrent_creates_share_the_fsync_of_que(root: Path) -> None:
     """create_message requests in flight together are committed as one batch
     (rq.queue.committer): one fsync of que/ for the batch, yet every reply is

@@ -192,7 +192,7 @@ class Commands:
                 if src_path is not None:
                     try:
                         self.q.store.link_attachments(src_path, path)
-                    except OSError:
+                    except BaseException:
                         self.discard_prep(msg_id, path)
                         raise
             except OSError as exc:
@@ -200,6 +200,10 @@ class Commands:
                 continue
             except Fail as exc:
                 out.append(("", exc))
+                continue
+            except Exception as exc:  # a bug: this message's own failure, never its batch's
+                log.exception("cannot create a message")
+                out.append(("", Fail(f"msg couldn't be created: {exc}")))
                 continue
             made.append((len(out), msg_id, path))
             out.append((msg_id, None))
