@@ -147,6 +147,7 @@ class MainConfig:
     allowed_ips: tuple[str, ...] | None = None
     session_secret: str | None = None
     csrf_trusted_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()  # (new) more Host names the web answers to (S14)
     event_retention_days: int = 30
     max_upload_bytes: int = 2 * 1024 ** 3  # (new) web upload limit, 413 above it
 
@@ -190,6 +191,7 @@ def load_main_config(root: str) -> MainConfig:
         allowed_ips=_strings(data, "allowed_ips"),
         session_secret=_session_secret(data.get("session_secret")),
         csrf_trusted_origins=_strings(data, "csrf_trusted_origins") or (),
+        allowed_hosts=_strings(data, "allowed_hosts") or (),
         event_retention_days=_retention(data.get("event_retention_days")),
         max_upload_bytes=_upload_limit(data.get("max_upload_bytes")),
     )

@@ -100,7 +100,7 @@ def build_options(argv: Sequence[str], env: dict[str, str], cwd: str) -> Options
         env=str(flags.get("env", "development")),
         host=str(flags.get("host") or default_host()),
         port=parse_port(str(flags.get("port", "3333"))),
-        addr=str(flags.get("addr", "0.0.0.0")),
+        addr=str(flags.get("addr", "127.0.0.1")),  # S20; D5: never every address by default
         tmpdir=tmpdir,
         # Allowed by default; the last of the two flags given wins.
         allow_new_queue=not _last_wins_no(argv),

@@ -48,7 +48,7 @@ def test_fresh_install_in_cwd_lays_out_the_root(tmp_path: Path) -> None:
     assert res.stdout == created_lines(tmp_path)
     config = load(tmp_path / "config" / "config.json")
     assert config == {"env": "development", "host": socket.getfqdn() or "localhost",
-                      "port": 3333, "addr": "0.0.0.0", "tmpdir": "/tmp",
+                      "port": 3333, "addr": "127.0.0.1", "tmpdir": "/tmp",
                       "allow_new_queue": True}
     for sub in ("config", "queue", "scandir", "timers", "log", "log/events"):
         assert (tmp_path / sub).is_dir(), sub

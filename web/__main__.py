@@ -23,6 +23,7 @@ from web.wsgi.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         return report_fatal(ready, f"ERROR: cannot listen on {config.addr}:{config.port}: "
                            f"{exc.strerror or exc}")
+    warn_if_exposed(config)
     try:
         server = make_server(root, config, sock, args.threads)
     except Exception:  # a broken app is a crash: BACKOFF and retry, not FATAL
@@ -84,6 +86,27 @@ def main(argv: list[str] | None = None) -> int:
         sock.close()
         return 1
     return WebDaemon(server, args.lifeline_fd, ready).run()
+
+
+def warn_if_exposed(config: MainConfig) -> None:
+    """Logged at every start: a dashboard that can create queues and run their
+    scripts, reachable from other machines, with no password (README:
+    exposing the dashboard safely)."""
+    if config.basic_auth or is_loopback(config.addr):
+        return
+    log.warning("rq-web listens on %s:%s without basic_auth: anyone who can reach it can "
+                "create queues and run commands; set basic_auth and allowed_ips in "
+                "config/config.json, or listen on 127.0.0.1 behind a proxy",
+                config.addr, config.port)
+
+
+def is_loopback(addr: str) -> bool:
+    if addr == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(addr.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def report_fatal(ready: ReadyPipe, line: str) -> int:

@@ -1,9 +1,15 @@
 """Cross-cutting request checks (SPEC S14.3–S14.6), run before every view.
 
-Owns: the client address filter (prefixes or CIDR networks), HTTP Basic auth
-with constant-time comparison, the CSRF rule for POSTs (Origin /
-Sec-Fetch-Site), and the manager check (503 while rq-mgr does not answer,
-except /metrics).  Order: address, auth, CSRF, manager.
+Owns: the Host header check (against DNS rebinding), the client address
+filter (prefixes or CIDR networks), HTTP Basic auth with constant-time
+comparison, the CSRF rule for POSTs (Origin / Sec-Fetch-Site), and the manager
+check (503 while rq-mgr does not answer, except /metrics).  Order: Host,
+address, auth, CSRF, manager.
+
+Why the Host check: a page on another site can rebind its own name to this
+server's address; the browser then sends that page's requests here with
+`Host: evil.example` and `Origin: http://evil.example`, which the CSRF rule
+sees as same-origin.  Only names this server is known by are answered.
 """
 
 from __future__ import annotations
@@ -16,6 +22,47 @@ from typing import Any
 from flask import Flask, current_app, request
 
 from web.errors import fail
+
+
+def host_name(header: str) -> str:
+    """The name part of a Host header (`[::1]:3333` → `::1`), lower case,
+    without a trailing dot."""
+    name = header.strip()
+    if name.startswith("["):
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    return name.rstrip(".").lower()
+
+
+def host_allowed(header: str | None, known: tuple[str, ...]) -> bool:
+    """Whether a request's Host may be answered: a loopback name
+    (`localhost`, `*.localhost`), an IP literal (a rebinding page always names
+    its own host), one of `known` (the configured host and addr plus
+    `allowed_hosts`), where `*` admits every name and `.example.com` admits
+    example.com and its subdomains.  No Host at all (HTTP/1.0 tools) is allowed:
+    every browser sends one."""
+    if header is None:
+        return True
+    name = host_name(header)
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    for entry in known:
+        entry = entry.rstrip(".").lower()
+        if entry == "*" or name == entry or \
+                (entry.startswith(".") and (name == entry[1:] or name.endswith(entry))):
+            return True
+    return False
+
+
+def known_hosts(main: Any) -> tuple[str, ...]:
+    """The names this server answers to besides loopback and IP literals."""
+    return (main.host, main.addr, *main.allowed_hosts)
 
 
 def client_allowed(addr: str, allowed: tuple[str, ...] | None) -> bool:
@@ -65,11 +112,15 @@ def cross_origin_refused(headers: Any, trusted: tuple[str, ...]) -> bool:
 
 
 def install(app: Flask) -> None:
+    app.config["RQ_HOSTS"] = known_hosts(app.config["RQ_MAIN"])
+
     @app.before_request
     def check_request() -> None:
         if request.method == "OPTIONS":  # S14.1: only GET, HEAD and POST
             fail(405, "Method Not Allowed", {"Allow": "GET, HEAD, POST"})
         main = current_app.config["RQ_MAIN"]
+        if not host_allowed(request.headers.get("Host"), current_app.config["RQ_HOSTS"]):
+            fail(400, "Invalid Host header")
         if not client_allowed(request.remote_addr or "", main.allowed_ips):
             fail(403, "Forbidden")
         auth = main.basic_auth
