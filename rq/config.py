@@ -23,20 +23,12 @@ from typing import Any
 from croniter import CroniterError, croniter
 
 from rq.errors import ConfigError, RootError, UsageError
+from rq.message import truthy
 from rq.protocol import valid_queue_name
 
 MAIN_CONFIG = os.path.join("config", "config.json")
 
 # ---------------------------------------------------------------- values
-
-
-def truthy(v: object) -> bool:
-    """S3.3 TRUTHY: `true`, `1`, or one of the strings "true", "yes", "1"."""
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, (int, float)):
-        return v == 1
-    return isinstance(v, str) and v in ("true", "yes", "1")
 
 
 _DECIMAL_RE = re.compile(r"^[0-9]+$")

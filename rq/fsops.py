@@ -17,10 +17,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
+import json
 import os
 import shutil
+import stat
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _renameat2 = getattr(_libc, "renameat2", None)
@@ -64,7 +67,7 @@ class FsOps:
         try:
             self.write_file_private(tmp, data, sync=sync)
         except BaseException:
-            _unlink_quiet(tmp)
+            unlink_quiet(tmp)
             raise
         try:
             self.op("rename")
@@ -72,7 +75,7 @@ class FsOps:
             if not kept:
                 os.rename(tmp, path)
         except BaseException:
-            _unlink_quiet(tmp)
+            unlink_quiet(tmp)
             raise
         if sync:
             self.fsync_dir(directory)
@@ -303,8 +306,31 @@ def _exchange(src: str, dst: str) -> bool:
     raise OSError(err, os.strerror(err), dst)
 
 
-def _unlink_quiet(path: str) -> None:
+# ---------------------------------------------------------------- small helpers every owner shares
+# (outside the FsOps seam: reads, and clean-ups whose failure changes nothing)
+
+
+def unlink_quiet(path: str) -> None:
+    """Remove a file if it can be removed; a failure (already gone, EIO) is
+    ignored: every caller is cleaning up something it can live with."""
     try:
         os.unlink(path)
     except OSError:
         pass
+
+
+def read_json(path: str) -> Any:
+    """The JSON document in `path`, or None when it cannot be read or parsed."""
+    try:
+        with open(path, "rb") as fh:
+            return json.loads(fh.read())
+    except (OSError, ValueError):
+        return None
+
+
+def is_regular(path: str) -> bool:
+    """A regular file, not a symlink to one (lstat): what a job may have planted."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False

@@ -53,7 +53,7 @@ def normalize_input(data: object, now: float) -> dict[str, Any]:
     webhooks = _webhooks(data.get("post_run_webhook"))
     if webhooks:
         msg["post_run_webhook"] = webhooks
-    if _truthy(data.get("force_remote")):
+    if truthy(data.get("force_remote")):
         msg["force_remote"] = True
     _check_utf8(msg)
     return msg
@@ -82,9 +82,9 @@ def param_text(v: object) -> str:
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
-def _truthy(v: object) -> bool:
-    """S3.3 TRUTHY, the same rule as `rq.config.truthy`: `message` sits above
-    `config` in the module map (docs/DESIGN.md), so it may not import it."""
+def truthy(v: object) -> bool:
+    """S3.3 TRUTHY: `true`, `1`, or one of the strings "true", "yes", "1"
+    (used by `rq.config` too)."""
     if isinstance(v, bool):
         return v
     if isinstance(v, (int, float)):

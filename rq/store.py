@@ -19,7 +19,6 @@ import itertools
 import json
 import os
 import random
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from typing import Any
 
 from rq import message, protocol, spares
 from rq.errors import Fail
-from rq.fsops import FsOps, md5_file
+from rq.fsops import FsOps, is_regular, md5_file, unlink_quiet
 
 STATES = ("prep", "que", "run", "done", "relayed", "err")
 HASHED = ("done", "relayed")
@@ -114,7 +113,7 @@ class Store:
             return out
         for name in names:
             full = os.path.join(adir, name)
-            if name.startswith(".") or name.endswith(".tmp") or not _regular(full):
+            if name.startswith(".") or name.endswith(".tmp") or not is_regular(full):
                 continue  # never follow a symlink planted in attach/ out of the message
             try:
                 md5, size = md5_file(full)
@@ -232,7 +231,7 @@ class Store:
                     self.discard_file(tmp)  # the replaced file, now at tmp
                 return
             except OSError:
-                _unlink_quiet(tmp)
+                unlink_quiet(tmp)
         self.fs.write_file_atomic(path, data, sync=sync)
 
     def discard_file(self, path: str) -> None:
@@ -288,7 +287,7 @@ class Store:
         if not os.path.isdir(adir):
             self.fs.mkdir(adir)
         tmp = os.path.join(adir, name + ".tmp")
-        _unlink_quiet(tmp)
+        unlink_quiet(tmp)
         try:
             self.fs.link_or_copy(pathname, tmp, allow_copy=not local_fs_only)
         except OSError as exc:
@@ -310,7 +309,7 @@ class Store:
         self.fs.mkdir(ddir)
         for name in sorted(os.listdir(sdir)):
             full = os.path.join(sdir, name)
-            if not name.startswith(".") and not name.endswith(".tmp") and _regular(full):
+            if not name.startswith(".") and not name.endswith(".tmp") and is_regular(full):
                 self.fs.link_or_copy(full, os.path.join(ddir, name))
         self.fs.fsync_dir(ddir)
 
@@ -341,26 +340,11 @@ def check_attachment_name(name: str) -> None:
         raise Fail(f"Attachment name has invalid character. not allowed: {name}")
 
 
-def _regular(path: str) -> bool:
-    """A regular file, not a symlink to one (lstat)."""
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 def _sorted_dirs(path: str, reverse: bool) -> list[str]:
     try:
         return sorted((n for n in os.listdir(path) if not n.startswith(".")), reverse=reverse)
     except OSError:
         return []
-
-
-def _unlink_quiet(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _rmtree_quiet(path: str) -> None:

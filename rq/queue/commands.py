@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rq import message, protocol
-from rq.config import truthy
+from rq.message import truthy
 from rq.errors import Fail
 from rq.queue.committer import Committer
 

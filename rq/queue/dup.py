@@ -9,13 +9,13 @@ so the queue process's loop never blocks on it.
 from __future__ import annotations
 
 import os
-import stat
 import time
 from typing import Any
 
 from rq import client, protocol
 from rq.config import MainConfig
 from rq.errors import RQError
+from rq.fsops import is_regular
 
 COPIED = ("orig_msg_id", "max_count", "src", "param1", "param2", "param3", "param4",
           "post_run_webhook")
@@ -41,7 +41,7 @@ def make_dup(main: MainConfig, own: str, fields: dict[str, Any], path: str,
         return f"fail couldn't connect to queue - {name}"
     attach_dir = os.path.join(path, "attach")
     names = sorted(n for n in os.listdir(attach_dir) if not n.startswith(".")
-                   and not n.endswith(".tmp") and _regular(os.path.join(attach_dir, n))
+                   and not n.endswith(".tmp") and is_regular(os.path.join(attach_dir, n))
                    ) if os.path.isdir(attach_dir) else []
     try:
         if not names:
@@ -67,14 +67,6 @@ def _with_attachments(main: MainConfig, name: str, copy: dict, attach_dir: str,
     if not _ok(r):
         return _reply(r, "commit fail ")
     return f"ok {full}"
-
-
-def _regular(path: str) -> bool:
-    """Only regular files are copied, never a symlink a job planted in attach/."""
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
 
 
 def _ok(reply: Any) -> bool:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from rq import protocol
 from rq.errors import Fail
+from rq.fsops import read_json, unlink_quiet
 from rq.queue import jobs as J
 
 if TYPE_CHECKING:
@@ -415,15 +416,15 @@ class Leases:
         lease_path = os.path.join(path, LEASE_FILE)
         if not os.path.exists(lease_path):
             return False
-        record = parse_lease_record(_read_json(lease_path))
+        record = parse_lease_record(read_json(lease_path))
         if record is None or record["expires"] <= now:
-            _unlink_quiet(lease_path)
+            unlink_quiet(lease_path)
             return False
         try:
             fields = self.q.store.read_msg(path)
         except (OSError, ValueError) as exc:
             log.warning("leased run/%s unreadable: %s", msg_id, exc)
-            _unlink_quiet(lease_path)
+            unlink_quiet(lease_path)
             return False
         job = LeaseJob(msg_id, path, fields, consumer=record["consumer"])
         job.status = job.status_on_disk = self.q.store.read_status_text(path)
@@ -439,19 +440,3 @@ class Leases:
                  "dest": lease.job.fields.get("dest"), "consumer": lease.job.consumer,
                  "lease_expires": round(lease.expires, 3)}
                 for lease in self.active.values()]
-
-
-def _read_json(path: str) -> Any:
-    import json
-    try:
-        with open(path, "rb") as fh:
-            return json.loads(fh.read())
-    except (OSError, ValueError):
-        return None
-
-
-def _unlink_quiet(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

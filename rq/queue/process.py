@@ -11,7 +11,6 @@ filesystem journal's commits (group commit).
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
@@ -24,7 +23,7 @@ from rq import client, proc, protocol
 from rq.config import MainConfig, QueueConfig, load_queue_config
 from rq.errors import RQError
 from rq.events import EventLog
-from rq.fsops import FsOps
+from rq.fsops import FsOps, read_json, unlink_quiet
 from rq.loop import Loop
 from rq.queue import jobs as J
 from rq.queue.commands import INLINE_PASS
@@ -265,13 +264,13 @@ class QueueProcess:
         path = self.store.msg_path("run", msg_id)
         if self.leases.recover(msg_id, path, time.time()):
             return  # an unexpired pull lease stays in run/ (S2.7, S8.3)
-        info = _read_json(os.path.join(path, "proc.json"))
+        info = read_json(os.path.join(path, "proc.json"))
         pid = info.get("pid") if isinstance(info, dict) else None
         if isinstance(pid, int) and proc.alive_with_start(pid, info.get("start_time")):
             log.warning("run/%s: job pid %d survived; stopping it", msg_id, pid)
             _stop_group_now(pid, self.cfg.kill_grace)
         for leftover in ("pid", "proc.json"):
-            _unlink_quiet(os.path.join(path, leftover))
+            unlink_quiet(os.path.join(path, leftover))
         text = "QUEUE RESTARTED - MOVING TO QUE"
         try:
             self.store.write_status(path, text)
@@ -279,7 +278,7 @@ class QueueProcess:
         except OSError as exc:
             log.error("cannot recover run/%s: %s", msg_id, exc)
             return
-        fields = _read_json(os.path.join(self.store.msg_path("que", msg_id), "msg")) or {}
+        fields = read_json(os.path.join(self.store.msg_path("que", msg_id), "msg")) or {}
         started = info.get("started") if isinstance(info, dict) else None
         duration = (max(0.0, time.time() - started)
                     if isinstance(started, (int, float)) and not isinstance(started, bool)
@@ -505,7 +504,7 @@ class QueueProcess:
         self.index.remove_que(item.msg_id)
         self.index.counts["err"] += 1
         self.events.log(item.msg_id, "que", "err", status=text, count=item.count)
-        fields = _read_json(os.path.join(self.store.msg_path("err", item.msg_id), "msg"))
+        fields = read_json(os.path.join(self.store.msg_path("err", item.msg_id), "msg"))
         if isinstance(fields, dict) and fields.get("post_run_webhook"):  # err too (S12.2)
             self.fire_webhooks(item.msg_id, fields, "err")
 
@@ -739,23 +738,6 @@ class QueueProcess:
             fn()
         except OSError as exc:
             log.warning("status update failed: %s", exc)
-
-
-def _read_json(path: str) -> Any:
-    import json
-    try:
-        with open(path, "rb") as fh:
-            return json.loads(fh.read())
-    except (OSError, ValueError):
-        return None
-
-
-def _unlink_quiet(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            raise
 
 
 def _stop_group_now(pgid: int, grace: float) -> None:
