@@ -15,7 +15,7 @@ the connection; a worker is started whenever none is free, and surplus ones
 retire), or, for the commands named in `batch_cmds`, collected: the requests of
 those commands read in one pass are answered together by the I/O thread itself
 through `batch_handler`.  The queue process uses that for create_message, so
-concurrent enqueues share one commit (rq.queue.committer) and the request path
+concurrent enqueues share one commit (rq.queue.enqueue) and the request path
 runs on one thread: with a thread per request, eight clients made eight
 threads hand the GIL to each other at every system call.
 """

@@ -295,15 +295,15 @@ def test_s4_1_ids_are_unique_under_concurrent_creation(procs: list[QueueProc],
     assert sorted(e["msg_id"] for e in listed) == sorted(ids)
 
 
-def test_committer_batches_the_creates_that_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    """rq.queue.committer: the first create commits alone and at once; the creates
+def test_enqueue_batches_the_creates_that_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rq.queue.enqueue: the first create commits alone and at once; the creates
     arriving while it runs wait and are committed together by the next leader;
     every caller gets its own result, and a failed one its own Fail."""
     from types import SimpleNamespace
 
     from rq.errors import Fail
-    from rq.queue.commands import Commands
-    cmds = Commands(SimpleNamespace())  # type: ignore[arg-type]
+    from rq.queue.enqueue import Enqueue
+    enqueue = Enqueue(SimpleNamespace())  # type: ignore[arg-type]
     batches: list[list[str]] = []
     first_inside, release = threading.Event(), threading.Event()
 
@@ -315,12 +315,12 @@ def test_committer_batches_the_creates_that_wait(monkeypatch: pytest.MonkeyPatch
             release.wait(30)
         return [("", Fail("no " + n)) if n == "bad" else ("id-" + n, None) for n in names]
 
-    monkeypatch.setattr(cmds, "create_batch", fake_create_batch)
+    monkeypatch.setattr(enqueue, "create_batch", fake_create_batch)
     results: dict[str, object] = {}
 
     def caller(n: str) -> None:
         try:
-            results[n] = cmds.committer.create({"n": n})
+            results[n] = enqueue.submit({"n": n})
         except Fail as exc:
             results[n] = exc.args[0]
 
@@ -330,7 +330,7 @@ def test_committer_batches_the_creates_that_wait(monkeypatch: pytest.MonkeyPatch
     others = [threading.Thread(target=caller, args=(n,)) for n in ("1", "2", "3", "bad")]
     for t in others:
         t.start()
-    wait_for(lambda: len(cmds.committer._pending) == 4, 10, what="four creates waiting")
+    wait_for(lambda: len(enqueue._pending) == 4, 10, what="four creates waiting")
     release.set()
     for t in [first, *others]:
         t.join(10)
@@ -385,7 +385,7 @@ def test_d4_a_bad_create_never_fails_the_others_in_its_batch(procs: list[QueuePr
 
 def test_concurrent_creates_share_the_fsync_of_que(root: Path) -> None:
     """create_message requests in flight together are committed as one batch
-    (rq.queue.committer): one fsync of que/ for the batch, yet every reply is
+    (rq.queue.enqueue): one fsync of que/ for the batch, yet every reply is
     its own id, every id is in que and fsck is clean.  Without spares a create
     costs two fsyncs of its own (msg, its directory) plus its share of que/'s."""
     from rq.fsck import check_root
@@ -414,7 +414,7 @@ def test_concurrent_creates_share_the_fsync_of_que(root: Path) -> None:
     assert len(set(ids)) == total
     fsyncs = sum(1 for op, _ in ops if op == "fsync")
     # one que/ fsync per create would make 3 * total (what the creates did before
-    # the committer: 960 of 960 here); batches of ~4 make ~2.25 * total
+    # group commit: 960 of 960 here); batches of ~4 make ~2.25 * total
     assert 2 * total < fsyncs < 2.8 * total, fsyncs
     report = check_root(str(root))
     assert report.problems == []

@@ -1,9 +1,11 @@
-"""The queue socket's commands (SPEC S7.3), thin handlers over QueueProcess.
+"""The queue socket's commands (SPEC S7.3): a thin table over the queue's owners.
 
-Owns argument checking and the exact reply texts.  Every handler runs in a
-socket thread; state changes take `q.lock`, and the fsyncs that make a reply
-durable run outside it (group commit).  No "ok" is returned before the data
-it acknowledges is on stable storage.
+Owns argument checking and the exact reply texts; the work is done by
+QueueState (lifecycle), Enqueue (creating and committing) and Leases (pull
+mode).  Every handler runs in a socket thread; state changes take the
+state's lock, and the fsyncs that make a reply durable run outside it (group
+commit, rq.queue.enqueue).  No "ok" is returned before the data it
+acknowledges is on stable storage.
 """
 
 from __future__ import annotations
@@ -11,17 +13,17 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rq import message, protocol
 from rq.message import truthy
 from rq.errors import Fail
-from rq.queue.committer import Committer
-
-if TYPE_CHECKING:
-    from rq.queue.process import QueueProcess
+from rq.queue.enqueue import Enqueue
+from rq.queue.leases import Leases, lease_length
+from rq.queue.state import QueueState
 
 log = logging.getLogger(__name__)
 ALWAYS = {"ping", "uptime", "config", "status", "shutdown", "num_messages", "messages"}
@@ -35,11 +37,15 @@ MOVED_RETRIES = 5  # a message read while it moves is looked up again (STYLE hab
 
 
 class Commands:
-    def __init__(self, q: QueueProcess) -> None:
-        self.q = q
+    def __init__(self, state: QueueState, enqueue: Enqueue, leases: Leases,
+                 request_stop: Callable[[], None]) -> None:
+        self.state = state
+        self.enqueue = enqueue
+        self.leases = leases
+        self.request_stop = request_stop    # `shutdown`: the loop begins a graceful stop
+        self.single_lock = threading.Lock()  # S5.6: one single_que at a time
         self.table: dict[str, Callable[[Any], Any]] = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
-        self.committer = Committer(self)  # create_message: group commit (rq.queue.committer)
 
     def handle(self, cmd: str, arg: str | None, conn: socket.socket) -> Any:
         fn = self.table.get(cmd)
@@ -51,7 +57,7 @@ class Commands:
         """The decoded ARG of a known command; Fail("status: DOWN") while the
         queue is DOWN (S3.5), except for the ALWAYS commands; ProtocolError
         for bad JSON (S7.1)."""
-        if cmd not in ALWAYS and self.q.admin_status() == "DOWN":
+        if cmd not in ALWAYS and self.state.admin_status() == "DOWN":
             raise Fail("status: DOWN")
         return protocol.parse_json_arg(arg) if arg is not None else None
 
@@ -60,24 +66,23 @@ class Commands:
         return ["pong"]
 
     def cmd_uptime(self, _: Any) -> Any:
-        return [int(time.monotonic() - self.q.started_mono)]
+        return [int(time.monotonic() - self.state.started_mono)]
 
     def cmd_config(self, _: Any) -> Any:
-        return ["ok", self.q.cfg.normalised()]
+        return ["ok", self.state.cfg.normalised()]
 
     def cmd_status(self, _: Any) -> Any:
-        return [self.q.status()]
+        return [self.state.status()]
 
     def cmd_shutdown(self, _: Any) -> Any:
-        self.q.stop_requested.set()
-        self.q.loop.wake()
+        self.request_stop()
         return ["ok"]
 
     def cmd_num_messages(self, _: Any) -> Any:
-        q = self.q
+        q = self.state
         with q.lock:
             return {"prep": len(q.index.prep), "que": len(q.index.que),
-                    "run": len(q.jobs) + len(q.unfinished) + len(q.leases.active),
+                    "run": len(q.jobs) + len(q.unfinished) + len(self.leases.active),
                     **q.index.counts}
 
     def cmd_messages(self, data: Any) -> Any:
@@ -91,35 +96,35 @@ class Commands:
         return lister(limit)
 
     def _list_prep(self, limit: int) -> Any:
-        return [{"msg_id": i} for i in sorted(self.q.index.prep, reverse=True)[:limit]]
+        return [{"msg_id": i} for i in sorted(self.state.index.prep, reverse=True)[:limit]]
 
     def _list_que(self, limit: int) -> Any:
         out: list[dict[str, Any]] = []
-        with self.q.lock:
-            for _, msg_id in self.q.index.order:
+        with self.state.lock:
+            for _, msg_id in self.state.index.order:
                 if len(out) >= limit:
                     break
-                item = self.q.index.que[msg_id]
+                item = self.state.index.que[msg_id]
                 due = int(item.due) if item.due.is_integer() else item.due
                 out.append({"msg_id": msg_id, "due": due, "dest": item.dest})
         return out
 
     def _list_run(self, limit: int) -> Any:
-        with self.q.lock:
+        with self.state.lock:
             jobs: list[dict[str, Any]] = [
                 {"msg_id": j.msg_id, "status": j.status, "dest": j.fields.get("dest")}
-                for j in self.q.jobs.values()]
-            jobs += self.q.leases.listing()  # pull mode: with "consumer" (S7.3)
+                for j in self.state.jobs.values()]
+            jobs += self.leases.listing()  # pull mode: with "consumer" (S7.3)
             return sorted(jobs, key=lambda j: str(j["msg_id"]), reverse=True)[:limit]
 
     def _list_err(self, limit: int) -> Any:
-        return [{"msg_id": i} for i in self.q.store.list_flat("err")[::-1][:limit]]
+        return [{"msg_id": i} for i in self.state.store.list_flat("err")[::-1][:limit]]
 
     def _list_done(self, limit: int) -> Any:
-        return [{"msg_id": i} for i in _take(self.q.store.iter_hashed("done"), limit)]
+        return [{"msg_id": i} for i in _take(self.state.store.iter_hashed("done"), limit)]
 
     def _list_relayed(self, limit: int) -> Any:
-        store = self.q.store
+        store = self.state.store
         out = []
         for msg_id in _take(store.iter_hashed("relayed"), limit):
             path = store.msg_path("relayed", msg_id)
@@ -136,7 +141,7 @@ class Commands:
     # ------------------------------------------------------------ creating messages
     def cmd_create_message(self, data: Any) -> Any:
         fields = message.normalize_input(data, time.time())
-        return ["ok", self.q.full_id(self.committer.create(fields))]
+        return ["ok", self.state.full_id(self.enqueue.submit(fields))]
 
     def create_messages(self, args: list[str | None]) -> list[Any]:
         """create_message for several requests at once (the socket's batch
@@ -151,163 +156,34 @@ class Commands:
                 todo.append((i, message.normalize_input(data, now)))
             except Exception as exc:  # its own reply: ProtocolError, Fail, or a logged bug
                 out[i] = exc
-        created = self.committer.create_many([fields for _, fields in todo])
+        created = self.enqueue.submit_many([fields for _, fields in todo])
         for (i, _), outcome in zip(todo, created):
-            out[i] = outcome if isinstance(outcome, Fail) else ["ok", self.q.full_id(outcome)]
+            out[i] = outcome if isinstance(outcome, Fail) else ["ok", self.state.full_id(outcome)]
         return out
 
     def cmd_prep_message(self, data: Any) -> Any:
         fields = message.normalize_input(data, time.time())
-        msg_id, _ = self.allocate(fields, sync_prep=True)
-        return ["ok", self.q.full_id(msg_id)]
+        msg_id, _ = self.enqueue.allocate(fields, sync_prep=True)
+        return ["ok", self.state.full_id(msg_id)]
 
     def cmd_single_que(self, data: Any) -> Any:
         fields = message.normalize_input(data, time.time())
-        with self.q.single_lock:
-            with self.q.lock:
-                item = self.q.index.latest_committed()
+        with self.single_lock:
+            with self.state.lock:
+                item = self.state.index.latest_committed()
             if item is not None:
-                return ["ok", self.q.full_id(item.msg_id)]
-            return ["ok", self.q.full_id(self.committer.create(fields))]
-
-    def create(self, fields: dict[str, Any], src_path: str | None = None) -> str:
-        """Allocate + (attachments) + commit; the id once durable in que/.  For
-        callers that may hold the queue lock (cron, clone); requests go through
-        the committer, which batches them."""
-        [(msg_id, error)] = self.create_batch([(fields, src_path)])
-        if error is not None:
-            raise error
-        return msg_id
-
-    def create_batch(self, specs: list[tuple[dict[str, Any], str | None]]
-                     ) -> list[tuple[str, Fail | None]]:
-        """create() for several messages at once, sharing one commit
-        (commit_batch); per message its id and None, or "" and its Fail.  A
-        message that fails after its allocation is removed from prep."""
-        out: list[tuple[str, Fail | None]] = []
-        made: list[tuple[int, str, str]] = []
-        for fields, src_path in specs:
-            try:
-                msg_id, path = self.allocate(fields, sync_prep=False)
-                if src_path is not None:
-                    try:
-                        self.q.store.link_attachments(src_path, path)
-                    except BaseException:
-                        self.discard_prep(msg_id, path)
-                        raise
-            except OSError as exc:
-                out.append(("", Fail(f"msg couldn't be created: {exc.strerror or exc}")))
-                continue
-            except Fail as exc:
-                out.append(("", exc))
-                continue
-            except Exception as exc:  # a bug: this message's own failure, never its batch's
-                log.exception("cannot create a message")
-                out.append(("", Fail(f"msg couldn't be created: {exc}")))
-                continue
-            made.append((len(out), msg_id, path))
-            out.append((msg_id, None))
-        errors = self.commit_batch([(msg_id, specs[i][0]) for i, msg_id, _ in made])
-        for (i, msg_id, path), err in zip(made, errors):
-            if err is None:
-                continue
-            self.discard_prep(msg_id, path)
-            out[i] = ("", err if isinstance(err, Fail)
-                      else Fail(f"msg couldn't be created: {err.strerror or err}"))
-        return out
-
-    def allocate(self, fields: dict[str, Any], *, sync_prep: bool) -> tuple[str, str]:
-        q = self.q
-        try:
-            msg_id, path = q.store.allocate(fields, time.time(), q.main.base_url,
-                                            sync_prep=sync_prep)
-        except OSError as exc:
-            raise Fail(f"msg couldn't be created: {exc.strerror or exc}") from exc
-        with q.lock:
-            q.index.prep.add(msg_id)
-        q.events.log(msg_id, None, "prep", count=fields.get("count"))
-        return msg_id, path
-
-    def discard_prep(self, msg_id: str, path: str) -> None:
-        with self.q.lock:
-            self.q.index.prep.discard(msg_id)
-            try:
-                if os.path.isdir(path):
-                    self.q.store.remove(path)
-            except OSError as exc:
-                log.warning("cannot discard prep/%s: %s", msg_id, exc)
-
-    def commit(self, msg_id: str, fields: dict[str, Any] | None = None) -> None:
-        """prep → que, made durable before the message can be scheduled.
-        `fields` are the stored fields when the caller has them."""
-        [error] = self.commit_batch([(msg_id, fields)])
-        if error is not None:
-            raise error
-
-    def commit_batch(self, items: list[tuple[str, dict[str, Any] | None]]
-                     ) -> list[OSError | Fail | None]:
-        """commit() for several messages with one fsync of que/ and one
-        scheduler pass; per message None, or the OSError of its rename (still
-        in prep), or a Fail (not durable: put back in prep)."""
-        q = self.q
-        errors: list[OSError | Fail | None] = [None] * len(items)
-        moved: list[int] = []
-        with q.lock:
-            for i, (msg_id, _) in enumerate(items):
-                try:
-                    q.store.move(msg_id, "prep", "que", sync=False)
-                except OSError as exc:
-                    errors[i] = exc
-                    continue
-                q.index.prep.discard(msg_id)
-                moved.append(i)
-        if not moved:
-            return errors
-        stored: dict[int, dict[str, Any]] = {}
-        try:
-            q.fs.fsync_dir_shared(q.store.state_dir("que"))
-        except OSError as exc:
-            for i in moved:
-                errors[i] = Fail(f"commit failed: {exc.strerror or exc}")
-        for i in moved:
-            msg_id, fields = items[i]
-            if errors[i] is None and fields is None:
-                try:
-                    fields = q.store.read_msg(q.store.msg_path("que", msg_id))
-                except (OSError, ValueError) as exc:
-                    errors[i] = Fail(f"commit failed: {getattr(exc, 'strerror', None) or exc}")
-            if errors[i] is None and fields is not None:
-                stored[i] = fields
-        with q.lock:
-            for i in moved:
-                msg_id = items[i][0]
-                if i in stored:
-                    que_path = q.store.msg_path("que", msg_id)
-                    if os.path.isdir(que_path) and msg_id not in q.index.que:
-                        q.index.add_que(msg_id, stored[i].get("due", 0), stored[i])
-                    q.events.log(msg_id, "prep", "que", count=stored[i].get("count"))
-                    continue
-                try:  # not durable: put it back so the state matches the reply
-                    q.store.move(msg_id, "que", "prep", sync=False)
-                    q.index.prep.add(msg_id)
-                except OSError:
-                    log.error("commit of %s failed and could not be undone", msg_id)
-            now = time.time()
-            if stored:
-                q.schedule(now)
-        if any(float(f.get("due", 0) or 0) > now for f in stored.values()):
-            q.loop.wake()  # the loop's next wake-up may now be earlier
-        return errors
+                return ["ok", self.state.full_id(item.msg_id)]
+            return ["ok", self.state.full_id(self.enqueue.submit(fields))]
 
     def cmd_commit_message(self, data: Any) -> Any:
         msg_id = self.msg_id(data)
-        found = self.q.store.locate(msg_id)
+        found = self.state.store.locate(msg_id)
         if found is None:
             return ["fail", "cannot find message"]
         if found[0] != "prep":
             return ["ok", "msg already committed"]
         try:
-            self.commit(msg_id)
+            self.enqueue.commit(msg_id)
         except FileNotFoundError:
             return self.cmd_commit_message(data)  # moved under us: look again
         except OSError as exc:
@@ -317,11 +193,11 @@ class Commands:
     # ------------------------------------------------------------ attachments (S4.8)
     def cmd_attach_message(self, data: Any) -> Any:
         msg_id = self.msg_id(data)
-        with self.q.lock:
+        with self.state.lock:
             path = self.prep_path(msg_id, missing="cannot find message")
             name = data.get("name")
             try:
-                md5 = self.q.store.attach(path, data.get("pathname"),
+                md5 = self.state.store.attach(path, data.get("pathname"),
                                           name if isinstance(name, str) else None,
                                           truthy(data.get("local_fs_only")))
             except OSError as exc:
@@ -330,18 +206,18 @@ class Commands:
 
     def cmd_delete_attach_message(self, data: Any) -> Any:
         msg_id = self.msg_id(data)
-        with self.q.lock:
+        with self.state.lock:
             path = self.prep_path(msg_id, missing="msg not found")
             name = data.get("attachment_name")
             target = os.path.join(path, "attach", name) if isinstance(name, str) else ""
             if not name or "/" in name or name.startswith(".") or not os.path.isfile(target):
                 return ["fail", "No attachment with that name for msg"]
-            self.q.fs.unlink(target)
-            self.q.fs.fsync_dir(os.path.dirname(target))
+            self.state.fs.unlink(target)
+            self.state.fs.fsync_dir(os.path.dirname(target))
         return ["ok", "Attachment deleted successfully"]
 
     def prep_path(self, msg_id: str, *, missing: str) -> str:
-        found = self.q.store.locate(msg_id)
+        found = self.state.store.locate(msg_id)
         if found is None:
             raise Fail(missing)
         if found[0] != "prep":
@@ -354,7 +230,7 @@ class Commands:
         for _ in range(MOVED_RETRIES):
             state, path = self.find(msg_id)
             try:
-                return ["ok", self.q.store.message_as_read(state, path)]
+                return ["ok", self.state.store.message_as_read(state, path)]
             except FileNotFoundError:
                 continue  # it moved (que → run → done) under us: look again
             except (OSError, ValueError):
@@ -366,14 +242,14 @@ class Commands:
 
     def cmd_get_message_status(self, data: Any) -> Any:
         state, path = self.find(self.msg_id(data))
-        text = self.q.store.read_status_text(path)
-        return ["ok", {"path": self.q.store.relpath(path), "state": state,
+        text = self.state.store.read_status_text(path)
+        return ["ok", {"path": self.state.store.relpath(path), "state": state,
                        "status": message.computed_status(state, text)}]
 
     # ------------------------------------------------------------ changing
     def cmd_delete_message(self, data: Any) -> Any:
         msg_id = self.msg_id(data)
-        q = self.q
+        q = self.state
         with q.lock:
             state, path = self.find(msg_id)
             if state == "run":
@@ -388,8 +264,8 @@ class Commands:
             if state == "que":
                 item = q.index.remove_que(msg_id)
                 parent = q.jobs.get(item.dup_of or "") if item is not None else None
-                if parent is None and item is not None and item.dup_of in q.leases.active:
-                    parent = q.leases.active[item.dup_of].job
+                if parent is None and item is not None and item.dup_of in self.leases.active:
+                    parent = self.leases.active[item.dup_of].job
                 if item is not None and parent is not None:
                     dups = parent.dups
                     if msg_id in dups:
@@ -403,9 +279,9 @@ class Commands:
 
     def cmd_destroy_message(self, data: Any) -> Any:
         msg_id = self.msg_id(data)
-        q = self.q
+        q = self.state
         with q.lock:
-            if q.leases.destroy(msg_id):  # S8.3: the lease ends, message to err
+            if self.leases.destroy(msg_id):  # S8.3: the lease ends, message to err
                 return ["ok", "msg destroyed"]
             job = q.jobs.get(msg_id)
             if job is None:
@@ -413,12 +289,12 @@ class Commands:
                 return ["fail", "msg not running"]
             if job.exited is None:
                 q.terminate(job, time.monotonic())
-            q.loop.wake()
+            q.wake()
         return ["ok", "msg destroyed"]
 
     def cmd_run_message(self, data: Any) -> Any:
         msg_id = self.msg_id(data)
-        q = self.q
+        q = self.state
         with q.lock:
             state, path = self.find(msg_id)
             if state == "run":
@@ -447,7 +323,7 @@ class Commands:
         if state not in ("err", "relayed", "done"):
             return ["fail", f"cannot clone message in {state} state"]
         try:
-            src = self.q.store.read_msg(path)
+            src = self.state.store.read_msg(path)
         except (OSError, ValueError):
             return ["fail", "msg couldn't be cloned"]
         keep = ("dest", "src", "param1", "param2", "param3", "param4", "orig_msg_id",
@@ -455,31 +331,30 @@ class Commands:
         fields = {k: src[k] for k in keep if k in src}
         fields.update(count=0, cloned_from=msg_id)
         try:
-            new_id = self.create(fields, src_path=path)
+            new_id = self.enqueue.create(fields, src_path=path)
         except Fail:
             return ["fail", "msg couldn't be cloned"]
-        return ["ok", self.q.full_id(new_id)]
+        return ["ok", self.state.full_id(new_id)]
 
     # ------------------------------------------------------------ pull leases (S8.2, S8.3)
     # Used by the manager's reserve/report/renew (rq/mgr/consumer.py).
     def cmd_lease_candidate(self, _: Any) -> Any:
         """["ok", [due, msg_id]] of the message a grant would take now, or ["ok", null]."""
         self.pull_only()
-        with self.q.lock:
-            item = self.q.leases.candidate(time.time())
+        with self.state.lock:
+            item = self.leases.candidate(time.time())
             return ["ok", None if item is None else [item.due, item.msg_id]]
 
     def cmd_grant_lease(self, data: Any) -> Any:
         """{lease?, consumer?, wait?} -> ["ok", RES] or ["ok", null]."""
         self.pull_only()
         data = data if isinstance(data, dict) else {}
-        from rq.queue.leases import lease_length
-        length = lease_length(data.get("lease"), self.q.cfg.lease_timeout)
+        length = lease_length(data.get("lease"), self.state.cfg.lease_timeout)
         consumer = data.get("consumer")
         wait = data.get("wait") or 0
         if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= 60:
             raise Fail("invalid wait")
-        return ["ok", self.q.leases.grant(length, consumer if isinstance(consumer, str)
+        return ["ok", self.leases.grant(length, consumer if isinstance(consumer, str)
                                            else "anonymous", wait)]
 
     def cmd_lease_wait(self, data: Any) -> Any:
@@ -489,25 +364,25 @@ class Commands:
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) \
                 or not 0 <= timeout <= 60:
             raise Fail("invalid timeout")
-        return ["ok", self.q.leases.wait_for_candidate(timeout)]
+        return ["ok", self.leases.wait_for_candidate(timeout)]
 
     def cmd_lease_waiters(self, _: Any) -> Any:
         """["ok", n]: reservations waiting in this queue now (tests, benchmarks)."""
-        with self.q.lock:
-            return ["ok", self.q.leases.waiting]
+        with self.state.lock:
+            return ["ok", self.leases.waiting]
 
     def cmd_report(self, data: Any) -> Any:
         line = data.get("line") if isinstance(data, dict) else None
         if not isinstance(line, str):
             raise Fail("missing line")
-        return self.q.leases.report(self.msg_id(data), data.get("token"), line)
+        return self.leases.report(self.msg_id(data), data.get("token"), line)
 
     def cmd_renew(self, data: Any) -> Any:
         msg_id = self.msg_id(data)
-        return self.q.leases.renew(msg_id, data.get("token"), data.get("lease"))
+        return self.leases.renew(msg_id, data.get("token"), data.get("lease"))
 
     def pull_only(self) -> None:
-        if self.q.cfg.mode != "pull":
+        if self.state.cfg.mode != "pull":
             raise Fail("queue is not in pull mode")
 
     # ------------------------------------------------------------ helpers
@@ -524,7 +399,7 @@ class Commands:
             raise Fail("msg not found") from exc
 
     def find(self, msg_id: str) -> tuple[str, str]:
-        found = self.q.store.locate(msg_id)
+        found = self.state.store.locate(msg_id)
         if found is None:
             raise Fail("msg not found")
         return found

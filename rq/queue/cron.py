@@ -5,8 +5,9 @@ and durably through `fsops` whenever it changes (keys of removed entries
 dropped, new entries added).  For every fire the new `last_fire` is on disk
 BEFORE the message is created, so a crash can skip a slot but never fire it
 twice; the message's id is recorded afterwards.  Runs in the queue's loop
-thread with the queue's lock held; the messages are created through the same
-path as `create_message` (so a due message on an UP queue starts at once).
+thread with the queue's lock held; the messages are created through the
+enqueue path, as `create_message` does (so a due message on an UP queue
+starts at once).
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 from rq import cron, message
 from rq.errors import Fail
-
-if TYPE_CHECKING:
-    from rq.queue.process import QueueProcess
+from rq.queue.state import QueueState
 
 log = logging.getLogger(__name__)
 STATE_FILE = "cron.state.json"
@@ -29,9 +29,10 @@ STATE_FILE = "cron.state.json"
 class Cron:
     """Tracking state and firing for one queue process."""
 
-    def __init__(self, q: QueueProcess) -> None:
-        self.q = q
-        self.path = os.path.join(q.store.qdir, STATE_FILE)
+    def __init__(self, queue: QueueState, create: Callable[[dict[str, Any]], str]) -> None:
+        self.queue = queue
+        self.create_message = create        # Enqueue.create: durable in que/ on return
+        self.path = os.path.join(queue.store.qdir, STATE_FILE)
         self.state = load_state(self.path)
         self.on_disk = dict(self.state)
         self.wake_at: float | None = 0.0  # when the next slot enters the window; 0: at once
@@ -39,7 +40,7 @@ class Cron:
 
     def run_pass(self, now: float) -> None:
         """S9.3 for one scheduler pass; the caller holds the queue's lock."""
-        q = self.q
+        q = self.queue
         if not q.cfg.schedule and not self.state:  # the common case: no schedule at all
             self.wake_at = None
             return
@@ -69,7 +70,7 @@ class Cron:
         self.save()
 
     def status_text(self) -> str:
-        return "stopping" if self.q.stopping else self.q.admin_status()
+        return "stopping" if self.queue.stopping else self.queue.admin_status()
 
     def create(self, action: cron.Action) -> str | None:
         """Create the message of `action`; its short id, or None (logged) on failure."""
@@ -77,7 +78,7 @@ class Cron:
             return None
         try:
             fields = message.normalize_input(action.message, action.message["due"])
-            msg_id = self.q.commands.create(fields)
+            msg_id = self.create_message(fields)
         except (Fail, OSError) as exc:
             log.error("cron %s: slot %d skipped, message not created: %s",
                       action.key, action.last_fire, exc)
@@ -91,7 +92,7 @@ class Cron:
         if self.state == self.on_disk:
             return True
         try:
-            self.q.fs.write_file_atomic(self.path, cron.dump_state(self.state), sync=True)
+            self.queue.fs.write_file_atomic(self.path, cron.dump_state(self.state), sync=True)
         except OSError as exc:
             log.error("cannot write %s: %s", STATE_FILE, exc)
             return False

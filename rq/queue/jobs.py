@@ -2,9 +2,10 @@
 
 Owns the `Job` record (one running execution of the queue script), the
 script check (S6.1.1), the job command line (S6.1.3) and environment (S6.2),
-and `decide`, the pure function that turns a finished job into its next state
-and status text (S6.6, S6.7, S2.5, S5.4).  Spawning itself goes through
-`rq.proc`; moving the message is the queue process's business.
+`spawn`, which starts one through `rq.proc` with its pipes (S6.3), and
+`decide`, the pure function that turns a finished job into its next state and
+status text (S6.6, S6.7, S2.5, S5.4).  Moving the message is QueueState's
+business; when to spawn and reap is the queue process's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rq import __version__, protocol
+from rq import __version__, proc, protocol
 from rq.config import MainConfig, QueueConfig
 from rq.protocol import LineBuffer
 
@@ -144,6 +145,38 @@ def job_env(base: dict[str, str], main: MainConfig, cfg: QueueConfig, real: str,
         if not key.startswith("RQ_"):  # env_vars never override RQ_* (S6.2)
             env[key] = str(value)
     return env
+
+
+def spawn(job: Job, base: dict[str, str], main: MainConfig, cfg: QueueConfig) -> dict[str, Any]:
+    """Start the queue script for `job` in its own session with the S6.3 pipes
+    (fd 3 to us, fd 4 from us); fills in the job's pid, pipe ends, start
+    times and deadline, and returns its `proc.json` record.  Raises OSError
+    (could not start: retry) or ValueError (its environment cannot hold its
+    params: it never can)."""
+    job_dir = os.path.join(job.path, "job")
+    env = job_env(base, main, cfg, job.real, job.fields, job.msg_id, job_dir)
+    up_w, up_r, down_w, down_r = proc.job_pipes()
+    try:
+        job.pid, started = proc.spawn_job(
+            job_command(cfg.exec_prefix, job.real), cwd=job_dir, env=env,
+            stdio_log=os.path.join(job_dir, "stdio.log"), header=header_text(job.real),
+            write_fd=up_w, read_fd=down_r)
+    except BaseException:
+        for fd in (up_w, up_r, down_w, down_r):
+            os.close(fd)
+        raise
+    os.close(up_w)
+    os.close(down_r)
+    os.set_blocking(up_r, False)
+    job.up_r, job.down_w = up_r, down_w
+    job.started_mono, job.started_wall = time.monotonic(), time.time()
+    if cfg.timeout:
+        job.deadline = job.started_mono + cfg.timeout
+        job.timeout_text = (f"JOB TIMED OUT AFTER {format_seconds(cfg.timeout)} "
+                            "SECONDS - MOVING TO ERR")
+    return {"pid": job.pid, "pgid": job.pid,
+            "start_time": proc.start_time(job.pid) if started is None else started,
+            "started": round(job.started_wall, 3)}
 
 
 def header_text(real: str, now: float | None = None) -> str:

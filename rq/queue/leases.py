@@ -5,10 +5,10 @@ Owns, for one queue in `pull` mode: the leases held on its `run/` messages
 message (S5.1 order, blocking, coalescing), the long-poll wait for one,
 reports of pipe-protocol lines, renewals, and the ends of a lease: a
 completion, expiry, timeout or destroy.  A lease's completion goes through
-the same finishing path as a job's (`QueueProcess.complete`: dups, webhooks,
+the same finishing path as a job's (`QueueState.complete`: dups, webhooks,
 the event with `pid`/`exit_code` null plus `"consumer"`).
 
-Every method that touches state takes `q.lock`; `cond` shares that lock, so
+Every method that touches state takes the state's lock; `cond` shares that lock, so
 a waiting reservation sleeps without holding it and the scheduler pass that
 sees a new candidate wakes it (S8.2 `wait`).  The pure parts (the lease
 record and its validation) are the module-level functions.
@@ -24,16 +24,15 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rq import protocol
 from rq.errors import Fail
 from rq.fsops import read_json, unlink_quiet
 from rq.queue import jobs as J
-
-if TYPE_CHECKING:
-    from rq.queue.index import QueItem
-    from rq.queue.process import QueueProcess
+from rq.queue.dup import make_dup
+from rq.queue.index import QueItem
+from rq.queue.state import QueueState
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +122,10 @@ class Lease:
 # ------------------------------------------------------------------ the queue's leases
 
 class Leases:
-    def __init__(self, q: QueueProcess) -> None:
-        self.q = q
+    def __init__(self, state: QueueState) -> None:
+        self.state = state
         self.active: dict[str, Lease] = {}
-        self.cond = threading.Condition(q.lock)
+        self.cond = threading.Condition(state.lock)
         self.waiting = 0
         self.expired: OrderedDict[str, str] = OrderedDict()   # token -> msg_id
 
@@ -143,13 +142,13 @@ class Leases:
     def next_deadline(self) -> float | None:
         """The epoch of the next lease expiry or timeout (for the loop's timeout)."""
         times = [lease.expires for lease in self.active.values()]
-        if self.q.cfg.timeout:
-            times += [lease.reserved + self.q.cfg.timeout for lease in self.active.values()]
+        if self.state.cfg.timeout:
+            times += [lease.reserved + self.state.cfg.timeout for lease in self.active.values()]
         return min(times) if times else None
 
     def check_deadlines(self, now: float) -> None:
         for lease in list(self.active.values()):
-            timeout = self.q.cfg.timeout
+            timeout = self.state.cfg.timeout
             if timeout and now >= lease.reserved + timeout:
                 text = f"JOB TIMED OUT AFTER {J.format_seconds(timeout)} SECONDS - MOVING TO ERR"
                 self.end(lease, J.Outcome("err", text), now)
@@ -158,7 +157,7 @@ class Leases:
 
     def candidate(self, now: float) -> QueItem | None:
         """The message a grant would take now (S8.2 via S5.1), or None."""
-        q = self.q
+        q = self.state
         if q.stopping or q.cfg.mode != "pull" or q.admin_status() != "UP":
             return None
         if len(self.active) + len(q.unfinished) >= q.cfg.num_workers:
@@ -183,7 +182,7 @@ class Leases:
                 if res is not None:
                     return res
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.q.stopping:
+                if remaining <= 0 or self.state.stopping:
                     return None
                 self.wait(remaining)
 
@@ -194,7 +193,7 @@ class Leases:
         with self.cond:
             while self.candidate(time.time()) is None:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self.q.stopping:
+                if remaining <= 0 or self.state.stopping:
                     return False
                 self.wait(remaining)
             return True
@@ -207,7 +206,7 @@ class Leases:
             self.waiting -= 1
 
     def grant_now(self, length: float, consumer: str) -> dict[str, Any] | None:
-        q = self.q
+        q = self.state
         with q.lock:
             for _ in range(3):  # an unreadable candidate goes to err: try the next one
                 now = time.time()
@@ -221,21 +220,11 @@ class Leases:
 
     def take(self, item: QueItem, length: float, consumer: str, now: float) -> Lease | None:
         """que → run, job/ with its RESERVED line, lease.json, event (caller holds the lock)."""
-        q, msg_id = self.q, item.msg_id
-        try:
-            fields = q.store.read_msg(q.store.msg_path("que", msg_id))
-        except ValueError as exc:
-            q.fail_unstarted(item, f"MSG UNREADABLE - MOVING TO ERR - {exc}")
+        q, msg_id = self.state, item.msg_id
+        fields = q.take_from_que(item)
+        if fields is None:
             return None
-        except OSError as exc:
-            log.error("cannot read que/%s: %s", msg_id, exc)
-            return None
-        try:
-            path, _ = q.store.move_unsynced(msg_id, "que", "run")
-        except OSError as exc:
-            log.error("cannot move que/%s to run: %s", msg_id, exc)
-            return None
-        q.index.remove_que(msg_id)
+        path = q.store.msg_path("run", msg_id)
         job = LeaseJob(msg_id, path, fields, consumer=consumer)
         job.status = job.status_on_disk = q.store.read_status_text(path)
         job.started_mono, job.started_wall = time.monotonic(), now
@@ -260,7 +249,7 @@ class Leases:
         return lease
 
     def undo_take(self, job: LeaseJob) -> None:
-        q = self.q
+        q = self.state
         q.index.release_dups(job.dups)
         q.store.discard_file(os.path.join(job.path, LEASE_FILE))
         try:
@@ -272,7 +261,7 @@ class Leases:
 
     def reservation(self, lease: Lease) -> dict[str, Any]:
         """RES of S8.2."""
-        q, job = self.q, lease.job
+        q, job = self.state, lease.job
         env = J.job_env(q.base_env, q.main, q.cfg, "", job.fields, job.msg_id,
                         os.path.join(job.path, "job"))
         try:
@@ -285,7 +274,7 @@ class Leases:
 
     def write_record(self, lease: Lease, *, sync: bool) -> None:
         data = protocol.dumps(lease.record()).encode()
-        self.q.store.write_file(os.path.join(lease.job.path, LEASE_FILE), data, sync=sync)
+        self.state.store.write_file(os.path.join(lease.job.path, LEASE_FILE), data, sync=sync)
 
     # -------------------------------------------------------------- reports (S8.3)
     def held(self, msg_id: str, token: Any, now: float) -> Lease:
@@ -294,9 +283,9 @@ class Leases:
         if lease is None:
             if isinstance(token, str) and self.expired.get(token) == msg_id:
                 raise Fail("lease expired")
-            if self.q.store.locate(msg_id) is None:
+            if self.state.store.locate(msg_id) is None:
                 raise Fail("msg not found")
-            if self.q.cfg.mode != "pull":
+            if self.state.cfg.mode != "pull":
                 raise Fail("queue is not in pull mode")
             raise Fail("lease not held")
         if not isinstance(token, str) or not hmac.compare_digest(token.encode(),
@@ -311,13 +300,13 @@ class Leases:
         parsed = protocol.parse_pipe_line(line)
         if parsed.kind == "dup":
             return self.report_dup(msg_id, token, parsed)
-        with self.q.lock:
+        with self.state.lock:
             now = time.time()
             lease = self.held(msg_id, token, now)
             job = lease.job
             job.status = parsed.text
             if parsed.kind in ("run", "malformed"):
-                self.q.write_job_status(job, parsed.text)
+                self.state.write_job_status(job, parsed.text)
                 if parsed.kind == "malformed":
                     return ["fail", "malformed line"]
                 self.extend(lease, lease.length, now)
@@ -328,7 +317,7 @@ class Leases:
                     outcome = J.Outcome("err", "HIT MAX RESEND COUNT - MOVING TO ERR")
                 else:
                     outcome = J.Outcome("que", parsed.text, float(parsed.secs))
-                self.q.store.write_msg(job.path, job.fields, sync=False)
+                self.state.store.write_msg(job.path, job.fields, sync=False)
             else:
                 outcome = J.Outcome(parsed.kind, parsed.text)
             self.end(lease, outcome, now)
@@ -337,26 +326,25 @@ class Leases:
     def report_dup(self, msg_id: str, token: Any, parsed: protocol.PipeLine) -> list[Any]:
         """S6.5 for a consumer: the copy is made outside the lock (the target
         may be this very queue), then the lease is extended."""
-        from rq.queue.dup import make_dup
-        with self.q.lock:
+        with self.state.lock:
             lease = self.held(msg_id, token, time.time())
             fields, path = dict(lease.job.fields), lease.job.path
-        reply = make_dup(self.q.main, self.q.name, fields, path, parsed.due, parsed.newdest)
-        with self.q.lock:
+        reply = make_dup(self.state.main, self.state.name, fields, path, parsed.due, parsed.newdest)
+        with self.state.lock:
             now = time.time()
             lease = self.held(msg_id, token, now)
             lease.job.status = parsed.text
-            self.q.write_job_status(lease.job, parsed.text)
+            self.state.write_job_status(lease.job, parsed.text)
             self.extend(lease, lease.length, now)
         word, _, rest = reply.partition(" ")
         return ["ok", rest] if word == "ok" else ["fail", rest]
 
     def renew(self, msg_id: str, token: Any, length: Any) -> list[Any]:
-        with self.q.lock:
+        with self.state.lock:
             now = time.time()
             lease = self.held(msg_id, token, now)
             if length is not None:
-                lease.length = lease_length(length, self.q.cfg.lease_timeout)
+                lease.length = lease_length(length, self.state.cfg.lease_timeout)
             self.extend(lease, lease.length, now)
             return ["ok", round(lease.expires, 3)]
 
@@ -379,7 +367,7 @@ class Leases:
         else:
             outcome = J.Outcome("que", "LEASE EXPIRED - MOVING TO QUE", 0.0)
         try:
-            self.q.store.write_msg(job.path, job.fields, sync=False)
+            self.state.store.write_msg(job.path, job.fields, sync=False)
         except OSError as exc:
             log.warning("cannot record count of %s: %s", job.msg_id, exc)
         self.expired[lease.token] = job.msg_id
@@ -398,7 +386,7 @@ class Leases:
 
     def end(self, lease: Lease, outcome: J.Outcome, now: float) -> None:
         """End a lease and finish its message on the job path (S6.6)."""
-        q, job = self.q, lease.job
+        q, job = self.state, lease.job
         self.active.pop(job.msg_id, None)
         q.store.discard_file(os.path.join(job.path, LEASE_FILE))
         job.exit_wall = now
@@ -408,7 +396,7 @@ class Leases:
         except OSError as exc:
             log.error("cannot finish %s (%s); will retry", job.msg_id, exc)
             q.unfinished.append(job)
-        q.loop.wake()
+        q.wake()
 
     # -------------------------------------------------------------- recovery and listing
     def recover(self, msg_id: str, path: str, now: float) -> bool:
@@ -421,13 +409,13 @@ class Leases:
             unlink_quiet(lease_path)
             return False
         try:
-            fields = self.q.store.read_msg(path)
+            fields = self.state.store.read_msg(path)
         except (OSError, ValueError) as exc:
             log.warning("leased run/%s unreadable: %s", msg_id, exc)
             unlink_quiet(lease_path)
             return False
         job = LeaseJob(msg_id, path, fields, consumer=record["consumer"])
-        job.status = job.status_on_disk = self.q.store.read_status_text(path)
+        job.status = job.status_on_disk = self.state.store.read_status_text(path)
         job.started_mono, job.started_wall = time.monotonic(), float(record["reserved"])
         self.active[msg_id] = Lease(job, record["token"], float(record["lease"]),
                                     float(record["expires"]), float(record["reserved"]))

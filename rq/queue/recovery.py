@@ -1,0 +1,84 @@
+"""Start-up recovery of one queue (S2.7): memory rebuilt from the directory.
+
+Owns what a queue process does once, before it serves: every message left in
+run/ goes back to que/ (its surviving job group stopped first) unless it holds
+an unexpired pull lease (S8.3), every que/ message is indexed in scheduling
+order, the prep ids and the finished counts are read (STYLE habit 3: the
+directory is the truth).  Runs before the socket and the loop start, so it
+takes no lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+from rq import proc
+from rq.fsops import read_json, unlink_quiet
+from rq.queue.leases import Leases
+from rq.queue.state import QueueState
+
+log = logging.getLogger(__name__)
+RESTARTED = "QUEUE RESTARTED - MOVING TO QUE"
+
+
+def recover(state: QueueState, leases: Leases) -> None:
+    now = time.time()
+    store = state.store
+    for msg_id in store.list_flat("run"):
+        if not leases.recover(msg_id, store.msg_path("run", msg_id), time.time()):
+            requeue_running(state, msg_id)  # an unexpired pull lease stays in run/
+    for msg_id in store.list_flat("que"):
+        path = store.msg_path("que", msg_id)
+        try:
+            fields = store.read_msg(path)
+        except (OSError, ValueError) as exc:
+            log.warning("skipping unreadable message que/%s: %s", msg_id, exc)
+            continue
+        if not isinstance(fields.get("due"), (int, float)) or isinstance(fields["due"], bool):
+            fields["due"] = int(now)
+            store.write_msg(path, fields)
+        try:
+            state.index.add_que(msg_id, fields["due"], fields)
+        except (TypeError, ValueError, OverflowError):
+            log.warning("skipping message que/%s: unusable due %r", msg_id, fields["due"])
+    state.index.prep = set(store.list_flat("prep"))
+    state.index.counts = state.count_finished()
+
+
+def requeue_running(state: QueueState, msg_id: str) -> None:
+    """run → que for a message whose job did not outlive its queue process."""
+    store = state.store
+    path = store.msg_path("run", msg_id)
+    info = read_json(os.path.join(path, "proc.json"))
+    pid = info.get("pid") if isinstance(info, dict) else None
+    if isinstance(pid, int) and proc.alive_with_start(pid, info.get("start_time")):
+        log.warning("run/%s: job pid %d survived; stopping it", msg_id, pid)
+        stop_group_now(pid, state.cfg.kill_grace)
+    for leftover in ("pid", "proc.json"):
+        unlink_quiet(os.path.join(path, leftover))
+    try:
+        store.write_status(path, RESTARTED)
+        store.move(msg_id, "run", "que")
+    except OSError as exc:
+        log.error("cannot recover run/%s: %s", msg_id, exc)
+        return
+    fields = read_json(os.path.join(store.msg_path("que", msg_id), "msg")) or {}
+    started = info.get("started") if isinstance(info, dict) else None
+    duration = (max(0.0, time.time() - started)
+                if isinstance(started, (int, float)) and not isinstance(started, bool)
+                else None)
+    state.events.log(msg_id, "run", "que", status=RESTARTED, count=fields.get("count"),
+                     pid=pid if isinstance(pid, int) else None,   # S13.3: out of run
+                     duration=duration)
+
+
+def stop_group_now(pgid: int, grace: float) -> None:
+    """SIGTERM a survivor's group, wait up to `grace`, then SIGKILL (S2.7)."""
+    proc.signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while proc.group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.signal_group(pgid, signal.SIGKILL)
