@@ -14,14 +14,12 @@ import json
 import math
 import os
 import re
-import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from croniter import CroniterError, croniter
-
+from rq import cron
 from rq.errors import ConfigError, RootError, UsageError
 from rq.message import truthy
 from rq.protocol import valid_queue_name
@@ -272,14 +270,6 @@ def _retention(v: object) -> int:
 
 MODES = ("script", "pull")
 DEFAULT_EXEC_PREFIX = "bash -lc"
-_CRON_KEYWORDS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight",
-                  "@hourly")
-# One S9.1 cron field: comma-separated items, each `*` or a number/name or a
-# range, optionally with a step.  croniter also knows `L`, `W`, `#`, `?` and
-# seconds/years fields; S9.1 does not, so those are refused here first.
-_CRON_VALUE = r"([0-9]+|[a-z]{3})"
-_CRON_ITEM = rf"(\*|{_CRON_VALUE}(-{_CRON_VALUE})?)(/[0-9]+)?"
-_CRON_FIELD_RE = re.compile(rf"^{_CRON_ITEM}(,{_CRON_ITEM})*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -491,7 +481,7 @@ def _schedule(v: object, lenient: bool) -> tuple[tuple[Mapping[str, Any], ...], 
     entries: list[Mapping[str, Any]] = []
     warnings: list[str] = []
     for i, entry in enumerate(v):
-        problem = schedule_entry_problem(entry)
+        problem = cron.entry_problem(entry)
         if problem is None:
             entries.append(MappingProxyType(copy.deepcopy(entry)))
             continue
@@ -500,53 +490,3 @@ def _schedule(v: object, lenient: bool) -> tuple[tuple[Mapping[str, Any], ...], 
             raise ConfigError(reason)
         warnings.append(reason)
     return tuple(entries), warnings
-
-
-def schedule_entry_problem(entry: object) -> str | None:
-    """Why one S9.1 schedule entry is invalid, or None when it is valid."""
-    if not isinstance(entry, dict):
-        return "not an object"
-    if "cron" not in entry:
-        return "missing cron"
-    if not valid_cron(entry["cron"]):
-        return f"invalid cron {json.dumps(entry['cron'])}"
-    tz = entry.get("tz")
-    if tz is not None and not valid_tz(tz):
-        return f"invalid tz {json.dumps(tz)}"
-    if not isinstance(entry.get("catch_up", False), (bool, type(None))):
-        return "catch_up must be a boolean"
-    if not isinstance(entry.get("id", ""), (str, type(None))):
-        return "id must be a string"
-    for i in range(1, 5):
-        if not isinstance(entry.get(f"param{i}", ""), (str, type(None))):
-            return f"param{i} must be a string"
-    return None
-
-
-def valid_cron(spec: object) -> bool:
-    """S9.1: five fields or one of the @ keywords, that croniter can schedule."""
-    if not isinstance(spec, str):
-        return False
-    if spec.startswith("@"):
-        return spec.lower() in _CRON_KEYWORDS
-    fields = spec.split()
-    if len(fields) != 5 or not all(_CRON_FIELD_RE.match(f) for f in fields):
-        return False
-    try:
-        # is_valid alone accepts specs that never match, such as `0 0 31 2 *`;
-        # finding one slot (from a fixed start, for determinism) refuses them.
-        croniter(spec, 0).get_next(float)
-    except (CroniterError, ValueError, KeyError, TypeError, OverflowError):
-        return False
-    return True
-
-
-def valid_tz(tz: object) -> bool:
-    """An IANA zone name that zoneinfo can load."""
-    if not isinstance(tz, str) or not tz:
-        return False
-    try:
-        zoneinfo.ZoneInfo(tz)
-    except (ValueError, KeyError, OSError):  # ZoneInfoNotFoundError is a KeyError
-        return False
-    return True

@@ -1,6 +1,7 @@
 """Cron schedules of a queue (SPEC S9), as pure functions: no IO, `now` is a parameter.
 
-Owns the S9.2 tracking key of an entry, the slot arithmetic (the first slot
+Owns the validation of an S9.1 schedule entry (`entry_problem`, used by
+`rq.config`), the S9.2 tracking key of an entry, the slot arithmetic (the first slot
 after a time, the latest slot before one) in the entry's `tz` or the server's
 local time zone, the S9.3 firing decision (`plan`: entries, tracking state,
 queue status and now → the actions to take and the new state) and the
@@ -23,14 +24,16 @@ No instant ever fires twice, and slots only move forward.
 from __future__ import annotations
 
 import json
+import re
 import time
+import zoneinfo
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 PARAMS = ("param1", "param2", "param3", "param4")
 WINDOW = 60               # S9.3: a slot fires from 60 s before to 60 s after it
@@ -69,7 +72,7 @@ class Entry:
 
     @classmethod
     def from_config(cls, entry: Mapping[str, Any]) -> Entry:
-        """From a validated config entry (`rq.config.schedule_entry_problem`)."""
+        """From a validated config entry (`entry_problem`)."""
         return cls(key=schedule_key(entry), cron=str(entry.get("cron", "")),
                    tz=entry.get("tz") or None, catch_up=entry.get("catch_up") is True,
                    params={k: str(entry[k]) for k in PARAMS if entry.get(k) is not None})
@@ -275,3 +278,65 @@ def dump_state(state: Mapping[str, Track]) -> bytes:
                  else t.last_fire, "last_msg_id": t.last_msg_id}
            for key, t in sorted(state.items())}
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# ---------------------------------------------------------------- S9.1 validation
+
+_CRON_KEYWORDS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight",
+                  "@hourly")
+# One S9.1 cron field: comma-separated items, each `*` or a number/name or a
+# range, optionally with a step.  croniter also knows `L`, `W`, `#`, `?` and
+# seconds/years fields; S9.1 does not, so those are refused here first.
+_CRON_VALUE = r"([0-9]+|[a-z]{3})"
+_CRON_ITEM = rf"(\*|{_CRON_VALUE}(-{_CRON_VALUE})?)(/[0-9]+)?"
+_CRON_FIELD_RE = re.compile(rf"^{_CRON_ITEM}(,{_CRON_ITEM})*$", re.IGNORECASE)
+
+
+def entry_problem(entry: object) -> str | None:
+    """Why one S9.1 schedule entry is invalid, or None when it is valid."""
+    if not isinstance(entry, dict):
+        return "not an object"
+    if "cron" not in entry:
+        return "missing cron"
+    if not valid_cron(entry["cron"]):
+        return f"invalid cron {json.dumps(entry['cron'])}"
+    tz = entry.get("tz")
+    if tz is not None and not valid_tz(tz):
+        return f"invalid tz {json.dumps(tz)}"
+    if not isinstance(entry.get("catch_up", False), (bool, type(None))):
+        return "catch_up must be a boolean"
+    if not isinstance(entry.get("id", ""), (str, type(None))):
+        return "id must be a string"
+    for i in range(1, 5):
+        if not isinstance(entry.get(f"param{i}", ""), (str, type(None))):
+            return f"param{i} must be a string"
+    return None
+
+
+def valid_cron(spec: object) -> bool:
+    """S9.1: five fields or one of the @ keywords, that croniter can schedule."""
+    if not isinstance(spec, str):
+        return False
+    if spec.startswith("@"):
+        return spec.lower() in _CRON_KEYWORDS
+    fields = spec.split()
+    if len(fields) != 5 or not all(_CRON_FIELD_RE.match(f) for f in fields):
+        return False
+    try:
+        # is_valid alone accepts specs that never match, such as `0 0 31 2 *`;
+        # finding one slot (from a fixed start, for determinism) refuses them.
+        croniter(spec, 0).get_next(float)
+    except (CroniterError, ValueError, KeyError, TypeError, OverflowError):
+        return False
+    return True
+
+
+def valid_tz(tz: object) -> bool:
+    """An IANA zone name that zoneinfo can load."""
+    if not isinstance(tz, str) or not tz:
+        return False
+    try:
+        zoneinfo.ZoneInfo(tz)
+    except (ValueError, KeyError, OSError):  # ZoneInfoNotFoundError is a KeyError
+        return False
+    return True
