@@ -16,6 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from rq import cli
+from rq import client as rqclient
+from rq.cli import base, entry
 from rq.sockserve import Rq1Server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,7 +85,7 @@ def run_rq(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[s
       "local_fs_only": True}),
 ])
 def test_parse_flags(args: list[str], flags: dict[str, Any]) -> None:
-    assert cli.parse_flags(args) == flags
+    assert base.parse_flags(args) == flags
 
 
 @pytest.mark.parametrize("argv, command, rest", [
@@ -98,15 +100,15 @@ def test_parse_flags(args: list[str], flags: dict[str, Any]) -> None:
     (["--dest", "x", "sendmesg"], "--dest", ["x", "sendmesg"]),  # the first argument is the command
 ])
 def test_split_command(argv: list[str], command: str | None, rest: list[str]) -> None:
-    assert cli.split_command(argv) == (command, rest)
+    assert base.split_command(argv) == (command, rest)
 
 
 # ---------------------------------------------------------------- S19.2 usage
 
 
 def test_command_list() -> None:
-    assert sorted(cli.COMMANDS) == COMMANDS
-    assert cli.usage_text() + "\n" == USAGE
+    assert sorted(base.COMMANDS) == COMMANDS
+    assert base.usage_text() + "\n" == USAGE
 
 
 @pytest.mark.parametrize("argv", [
@@ -258,7 +260,7 @@ def test_unexpected_exception_is_one_line(capsys: pytest.CaptureFixture[str], ro
     def boom(*_a: object, **_k: object) -> None:
         raise ValueError("kaboom\nsecond line")
 
-    monkeypatch.setattr(cli.client, "call_mgr", boom)
+    monkeypatch.setattr(rqclient, "call_mgr", boom)
     assert run_main(capsys, "queues", "--root", str(root)) == (1, "", "rq: kaboom second line\n")
 
 
@@ -429,8 +431,8 @@ def test_admin_failure_reply(capsys: pytest.CaptureFixture[str], root: Path,
 
 def test_click_runner_sees_exit_codes() -> None:
     runner = CliRunner()
-    assert runner.invoke(cli.cli, ["--help"]).exit_code == 0
-    result = runner.invoke(cli.cli, ["nosuch"])
+    assert runner.invoke(entry.cli, ["--help"]).exit_code == 0
+    result = runner.invoke(entry.cli, ["nosuch"])
     assert result.exit_code == 1
     assert "Command not found: nosuch" in result.output
 

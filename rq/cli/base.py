@@ -1,0 +1,220 @@
+"""The `rq` command's core (SPEC S19): what every command module shares.
+
+Owns: the S19.1 argument rules (which are not getopt's, so we parse the raw
+argument list ourselves), the S19.2 usage texts, the command registry that
+the command modules fill (`@command`), and the helpers that turn a reply into
+the S19.3 output.  Commands never touch the spool themselves: every change
+goes through the owning daemon's socket (rq.client).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from rq import client, protocol
+from rq.errors import ConnectError, ProtocolError, RQError
+
+FlagValue = str | bool | list[str | bool]
+Flags = dict[str, FlagValue]
+
+# Flags passed through to create_message / prep_message / single_que; the
+# queue normalises them (S4.4), so they travel as the strings (or `true`) given.
+MESSAGE_FLAGS = ("dest", "src", "count", "max_count", "param1", "param2", "param3",
+                 "param4", "due", "force_remote", "post_run_webhook")
+# S19.1: `--pattern` does not keep its last value; nor do `rq analytics`'s `--input`/`--conf`
+# (issue 5: one or more event-log trees, any number of Spark settings).
+ACCUMULATING_FLAGS = frozenset({"pattern", "input", "conf"})
+HELP_ARGS = frozenset({"-h", "--help"})
+ADMIN_OPS = {"pause": "pause_queue", "resume": "resume_queue", "down": "down_queue",
+             "up": "up_queue", "restart": "restart_queue"}
+STATUS_TIMEOUT = 5.0  # `rq queues` asks each queue; a wedged one must not hang the listing
+
+
+class CliError(RQError):
+    """A local S19.3 error: printed as `rq: <text>` on stderr, exit 1."""
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """Everything a command needs: the root (S1.2), its flags and the streams."""
+
+    root: str
+    flags: Flags
+    out: TextIO
+    err: TextIO
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out)
+
+
+CommandFunc = Callable[[Invocation], int]
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    run: CommandFunc
+    flags: frozenset[str]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, *flags: str) -> Callable[[CommandFunc], CommandFunc]:
+    """Register `func` as `rq NAME`, knowing `flags` (others draw a warning)."""
+
+    def register(func: CommandFunc) -> CommandFunc:
+        COMMANDS[name] = Command(name, func, frozenset(flags))
+        return func
+
+    return register
+
+
+# ---------------------------------------------------------------- S19.1 / S19.2 parsing
+
+
+def split_command(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """(command, the arguments after it) with `--root PATH`/`--root=PATH`
+    taken out wherever they are (S1.2 rule 1); the root itself is found by
+    config.find_root."""
+    rest: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--root":
+            next(args, None)
+        elif not arg.startswith("--root="):
+            rest.append(arg)
+    return (rest[0], rest[1:]) if rest else (None, [])
+
+
+def parse_flags(args: Sequence[str]) -> Flags:
+    """S19.1: `--k=v`; `--k v` when v exists and does not start with `--`;
+    else `--k` is true.  Other arguments are ignored; the last value wins,
+    except for `--pattern`, which accumulates."""
+    flags: Flags = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("--"):
+            continue
+        name, eq, value = arg[2:].partition("=")
+        val: str | bool = value if eq else True
+        if not eq and i < len(args) and not args[i].startswith("--"):
+            val = args[i]
+            i += 1
+        if name in ACCUMULATING_FLAGS:
+            prior = flags.get(name)
+            flags[name] = [*(prior if isinstance(prior, list) else []), val]
+        else:
+            flags[name] = val
+    return flags
+
+
+def usage_text() -> str:
+    """S19.2: `Valid commands are:` and the sorted names, two-space indented."""
+    return "\n".join(["Valid commands are:", *(f"  {name}" for name in sorted(COMMANDS))])
+
+
+# ---------------------------------------------------------------- helpers for commands
+
+
+def require(inv: Invocation, flag: str) -> str:
+    """The value of a required flag; bare (`true`) or empty counts as missing."""
+    value = inv.flags.get(flag)
+    if not isinstance(value, str) or not value:
+        raise CliError(f"missing required argument --{flag}")
+    return value
+
+
+def optional(inv: Invocation, flag: str) -> str | None:
+    value = inv.flags.get(flag)
+    return value if isinstance(value, str) and value else None
+
+
+def msg_ref(inv: Invocation) -> tuple[str, str, str]:
+    """(queue, short id, full id as given) from `--msg_id`: the CLI needs a
+    full id (S4.2), since only that names the queue; host and prefix are
+    ignored, so the local queue of that name is used."""
+    ref = require(inv, "msg_id")
+    try:
+        queue, short = protocol.parse_msg_ref(ref)
+    except ProtocolError as exc:
+        raise CliError(str(exc)) from None
+    if queue is None:
+        raise CliError(f"invalid msg_id: {ref}")
+    return queue, short, ref
+
+
+def check_queue(root: str, name: str) -> None:
+    """S19.3 `queue not found` when there is no queue/NAME/config.json (an
+    invalid name never reaches the filesystem, so `..` cannot escape queue/)."""
+    if not protocol.valid_queue_name(name) or not os.path.exists(
+            os.path.join(root, "queue", name, "config.json")):
+        raise CliError(f"queue not found: {name}")
+
+
+def call_queue(inv: Invocation, name: str, cmd: str, arg: Any = None) -> Any:
+    check_queue(inv.root, name)
+    try:
+        return client.call_queue(inv.root, name, cmd, arg)
+    except ConnectError:
+        raise CliError(f"cannot connect to queue {name} (is rq-mgr running?)") from None
+
+
+def call_mgr(inv: Invocation, cmd: str, arg: str | None = None) -> Any:
+    try:
+        return client.call_mgr(inv.root, cmd, arg, raw=True)
+    except ConnectError:
+        raise CliError("cannot connect to rq-mgr (is it running?)") from None
+
+
+def is_ok(reply: Any) -> bool:
+    return isinstance(reply, list) and len(reply) >= 2 and reply[0] == "ok"
+
+
+def as_text(value: Any) -> str:
+    return value if isinstance(value, str) else protocol.dumps(value)
+
+
+def print_reply(inv: Invocation, reply: Any) -> int:
+    """S19.3: `<reply[0]> <reply[1]>`, exit 0 iff `ok`; a reply that is not a
+    non-empty list is printed as JSON, exit 1."""
+    if not isinstance(reply, list) or not reply:
+        inv.say(protocol.dumps(reply))
+        return 1
+    inv.say(" ".join(as_text(part) for part in reply[:2]))
+    return 0 if reply[0] == "ok" else 1
+
+
+def print_message(inv: Invocation, cmd: str,
+                  render: Callable[[dict[str, Any]], list[str]]) -> int:
+    """Ask the message's queue with `cmd` and print `render(reply[1])` on
+    success, or the failure reply as it is."""
+    queue, short, _ = msg_ref(inv)
+    reply = call_queue(inv, queue, cmd, {"msg_id": short})
+    if not is_ok(reply) or not isinstance(reply[1], dict):
+        return print_reply(inv, reply)
+    for line in render(reply[1]):
+        inv.say(line)
+    return 0
+
+
+def one_line(exc: BaseException) -> str:
+    """`rq: <error>` on one line; RootError texts already carry `rq: `."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if text.startswith("rq: ") else f"rq: {text}"
+
+
+def silence(out: TextIO) -> None:
+    """Point a closed pipe's descriptor at /dev/null, so the flush at exit
+    does not print a second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass

@@ -1,0 +1,91 @@
+"""The `rq` entry point (S19): usage and help, root discovery (S1.2), the
+dispatch to the registered command, and every failure turned into one line on
+stderr with an exit code (S0.3.3)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TextIO
+
+import click
+
+from rq import config
+from rq.cli import messages, pull  # noqa: F401 -- importing them registers their commands
+from rq.cli.base import (
+    COMMANDS,
+    HELP_ARGS,
+    Invocation,
+    one_line,
+    parse_flags,
+    split_command,
+    usage_text,
+)
+from rq.errors import RQError
+
+# ---------------------------------------------------------------- entry point
+
+
+def dispatch(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+    """S19.2 usage and help first (they need no root), then S1.2, then the command."""
+    if HELP_ARGS.intersection(argv):
+        print(usage_text(), file=out)
+        return 0
+    name, args = split_command(argv)
+    if name is None:
+        print(usage_text(), file=err)
+        return 1
+    cmd = COMMANDS.get(name)
+    if cmd is None:
+        print(f"Command not found: {name}", file=err)
+        return 1
+    flags = parse_flags(args)
+    for flag in flags:
+        if flag not in cmd.flags:
+            print(f"rq: warning: ignoring unknown flag --{flag}", file=err)
+    root, _ = config.find_root("rq", list(argv), env)
+    return cmd.run(Invocation(root, flags, out, err))
+
+
+class RawArgsCommand(click.Command):
+    """A click command that keeps its arguments untouched: S19.1 is not getopt
+    (click would eat a bare `--` and answer `-h` itself)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.obj = list(args)
+        return []
+
+
+def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
+    """`dispatch`, with every failure turned into one line on `err` (S0.3.3)."""
+    try:
+        return dispatch(argv, env, out, err)
+    except RQError as exc:  # CliError, RootError, ConfigError, UsageError ...
+        print(one_line(exc), file=err)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("rq: interrupted", file=err)
+        return 130
+    except Exception as exc:  # noqa: BLE001 -- S0.3.3: one line, never a traceback
+        print(one_line(exc), file=err)
+        return 1
+
+
+@click.command(cls=RawArgsCommand, add_help_option=False)
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """The `rq` command; see `rq --help`."""
+    ctx.exit(run(ctx.obj, os.environ, sys.stdout, sys.stderr))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point: run `rq` on `argv` (default sys.argv[1:])."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        # standalone_mode=False: click hands back ctx.exit's code instead of
+        # calling sys.exit, so main() can be called from tests.
+        return int(cli.main(args=args, prog_name="rq", standalone_mode=False))
+    except Exception as exc:  # noqa: BLE001 -- a failure inside click: still one line
+        print(one_line(exc), file=sys.stderr)
+        return 1

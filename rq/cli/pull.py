@@ -1,0 +1,144 @@
+"""`rq` commands of pull consumers (S8.6: reserve, report, renew) and the
+event stream (S8.8: watch)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rq import client, protocol
+from rq.cli.base import (
+    CliError,
+    Invocation,
+    command,
+    msg_ref,
+    optional,
+    print_reply,
+    require,
+    silence,
+)
+from rq.errors import ConnectError, Fail
+
+# ---------------------------------------------------------------- pull consumers (S8.6)
+
+RESERVE_SLACK = 30.0  # seconds on top of --wait for the manager's reply
+
+
+def call_mgr_json(inv: Invocation, cmd: str, arg: dict[str, Any],
+                  timeout: float = 60.0) -> Any:
+    try:
+        return client.call_mgr(inv.root, cmd, arg, timeout=timeout)
+    except ConnectError:
+        raise CliError("cannot connect to rq-mgr (is it running?)") from None
+
+
+def string_flags(inv: Invocation, *names: str) -> dict[str, Any]:
+    return {name: value for name in names if (value := optional(inv, name)) is not None}
+
+
+@command("reserve", "pattern", "lease", "wait", "consumer")
+def reserve(inv: Invocation) -> int:
+    """S8.2: `ok <compact JSON of RES>` or `ok null`."""
+    given = inv.flags.get("pattern")
+    patterns = [p for v in (given if isinstance(given, list) else [])
+                if isinstance(v, str) for p in v.split(",") if p]
+    if not patterns:
+        raise CliError("missing required argument --pattern")
+    arg = {"patterns": patterns, **string_flags(inv, "lease", "wait", "consumer")}
+    try:
+        wait = min(max(float(arg.get("wait", 0)), 0.0), 60.0)
+    except ValueError:
+        wait = 0.0
+    return print_reply(inv, call_mgr_json(inv, "reserve", arg, wait + RESERVE_SLACK))
+
+
+@command("report", "msg_id", "token", "line")
+def report(inv: Invocation) -> int:
+    """S8.3: `ok <state>`, `ok <NEW_FULL_ID>` for a dup, or `fail <reason>`."""
+    _, _, ref = msg_ref(inv)
+    arg = {"msg_id": ref, "token": require(inv, "token"), "line": require(inv, "line")}
+    return print_reply(inv, call_mgr_json(inv, "report", arg))
+
+
+@command("renew", "msg_id", "token", "lease")
+def renew(inv: Invocation) -> int:
+    """S8.3: `ok <expiry epoch>`."""
+    _, _, ref = msg_ref(inv)
+    arg = {"msg_id": ref, "token": require(inv, "token"), **string_flags(inv, "lease")}
+    return print_reply(inv, call_mgr_json(inv, "renew", arg))
+
+
+# ---------------------------------------------------------------- watch (S8.8)
+
+
+def watch_line(event: Mapping[str, Any]) -> str:
+    """`<time> <queue> <msg_id> <from> -> <to> <status>`: time as in S6.3
+    (local, `YYYY-MM-DD HH:MM:SS ±HHMM`), `-` for a null `from`, the status
+    left out when null, newlines in it turned to spaces (one line per event)."""
+    import time
+
+    ts = event.get("ts")
+    when = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(
+        ts if isinstance(ts, (int, float)) else 0))
+    frm = event.get("from")
+    line = (f"{when} {event.get('queue')} {event.get('msg_id')} "
+            f"{'-' if frm is None else frm} -> {event.get('to')}")
+    status = event.get("status")
+    return line if status is None else f"{line} {' '.join(str(status).splitlines())}"
+
+
+def watch_patterns(inv: Invocation) -> list[str]:
+    given = inv.flags.get("pattern")
+    values = given if isinstance(given, list) else []
+    patterns = [p.strip() for v in values if isinstance(v, str) for p in v.split(",")
+                if p.strip()]
+    if not patterns:
+        raise CliError("missing required argument --pattern")
+    return patterns
+
+
+def watch_since(inv: Invocation) -> float | None:
+    raw = inv.flags.get("since")
+    if raw is None:
+        return None
+    try:
+        since = float(raw) if isinstance(raw, str) else -1.0
+    except ValueError:
+        since = -1.0
+    if not since >= 0 or since == float("inf"):
+        raise CliError(f"invalid --since: {raw if isinstance(raw, str) else ''} "
+                       "(an epoch in seconds)")
+    return since
+
+
+@command("watch", "pattern", "since", "json")
+def watch(inv: Invocation) -> int:
+    """S8.8: one line (or the JSON) per event until interrupted; exit 0 on SIGINT."""
+    patterns, since = watch_patterns(inv), watch_since(inv)
+    as_json = "json" in inv.flags
+    try:
+        try:
+            sub = client.subscribe(inv.root, patterns, since)
+        except Fail as exc:
+            return print_reply(inv, ["fail", str(exc)])
+        except ConnectError:
+            raise CliError("cannot connect to rq-mgr (is it running?)") from None
+        with sub:
+            while True:
+                try:
+                    event = sub.next()
+                except ConnectError:
+                    raise CliError("lost the connection to rq-mgr") from None
+                if not isinstance(event, dict):
+                    continue
+                if event.get("event") == "overflow" and not as_json:
+                    print(f"rq: warning: {event.get('dropped')} events dropped "
+                          "(this watcher fell behind)", file=inv.err, flush=True)
+                    continue
+                print(protocol.dumps(event) if as_json else watch_line(event),
+                      file=inv.out, flush=True)
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # `rq watch | head`: the reader is done
+        silence(inv.out)
+        return 0
