@@ -25,13 +25,9 @@ from typing import Any
 import setproctitle
 
 from rq.config import MainConfig, load_main_config
-from rq.errors import ConfigError, RQError
+from rq.errors import ConfigError, StartError
 from rq.logs import setup_logging
 from rq.proc import ReadyPipe
-
-
-class StartError(RQError):
-    """A start-up failure that retrying cannot fix; its text is the reason."""
 
 
 @dataclass(frozen=True)
@@ -111,4 +107,4 @@ def report_fatal(spec: DaemonSpec, ready: ReadyPipe, log: logging.Logger, reason
     if ready.fd is None:
         print(spec.stderr_text.format(logger=spec.logger, line=line), file=sys.stderr)
     ready.send(f"fatal {line}")
-    return 2
+    return StartError.exit_code

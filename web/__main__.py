@@ -36,7 +36,8 @@ import waitress
 from waitress.server import BaseWSGIServer
 
 from rq.config import MainConfig
-from rq.daemon import Context, DaemonSpec, StartError, run_daemon
+from rq.daemon import Context, DaemonSpec, run_daemon
+from rq.errors import StartError
 from rq.loop import Loop
 from rq.proc import ReadyPipe, lifeline_closed
 

@@ -14,8 +14,8 @@ import sys
 
 from rq import fsops
 from rq.config import load_queue_config
-from rq.daemon import Context, DaemonSpec, StartError, run_daemon
-from rq.errors import RQError
+from rq.daemon import Context, DaemonSpec, run_daemon
+from rq.errors import RQError, StartError
 
 log = logging.getLogger("rq.queue")
 
