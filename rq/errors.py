@@ -39,3 +39,10 @@ class Fail(RQError):
 
 class ConnectError(RQError):
     """A daemon socket could not be reached."""
+
+
+class StartError(RQError):
+    """A daemon cannot start and retrying cannot fix it: `fatal REASON` on its ready pipe,
+    exit 2, FATAL at the manager (S2.3; rq.daemon reports it)."""
+
+    exit_code = 2

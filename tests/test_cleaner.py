@@ -3,7 +3,6 @@ fd 3 open to a pipe (S6.3), RQ_ROOT and RQ_PARAM1/2 in its environment (S6.2).""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -204,11 +203,9 @@ def test_event_retention_zero_keeps_forever_and_bad_value_defaults(tmp_path: Pat
 
 
 def load_cleaner():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("rq_builtin_cleaner", CLEANER)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The script as a module (it imports its neighbour rq.builtin.jobio)."""
+    from rq.builtin import cleaner
+    return cleaner
 
 
 def test_trim_relayed_keeps_the_newest(tmp_path: Path) -> None:

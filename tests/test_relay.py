@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from rq import client
+from rq.builtin import jobio
 from rq.builtin import relay as R
 from rqtest import short_id, wait_for
 from webtest import EnvMgr, Mgr, build_root, install_builtin
@@ -140,7 +141,7 @@ def test_s12_1_forms_urls_and_resend() -> None:
     ("http://u@h:1/q/t", "http://h:1/q/t", ("u", "")),
 ])
 def test_s12_1_credentials_split(url: str, bare: str, auth: tuple[str, str] | None) -> None:
-    assert R.split_credentials(url) == (bare, auth)
+    assert jobio.split_credentials(url) == (bare, auth)
 
 
 def test_s12_1_relay_id_written_atomically(tmp_path: Path) -> None:

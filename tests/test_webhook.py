@@ -16,6 +16,7 @@ from urllib.parse import parse_qs
 import pytest
 
 from rq import client
+from rq.builtin import jobio
 from rq.builtin import webhook as W
 from rqtest import free_port, make_queue, short_id, wait_for, write_script
 from webtest import Mgr, build_root, install_builtin
@@ -48,7 +49,7 @@ def test_s12_2_outcome(count: int, code: int | None, detail: str, line: str) -> 
 
 def test_s12_2_form_and_credentials() -> None:
     assert W.form('{"a":1}') == {"x_format": "json", "payload": '{"a":1}'}
-    assert W.split_credentials("http://u:p%21@h:1/x") == ("http://h:1/x", ("u", "p!"))
+    assert jobio.split_credentials("http://u:p%21@h:1/x") == ("http://h:1/x", ("u", "p!"))
 
 
 # ================================================================ a real root

@@ -4,11 +4,12 @@ supervises.
 
 Owns: binding `addr:port` (before `ready` is written, so the manager's start
 returns only once the dashboard answers), serving `create_app(root)` with
-waitress, the process title `[rq-web]`, logging to log/queuemgr.log (role
-`rq-web`; the access log comes from web.wsgi.AccessLog), and the child side of
-supervision: `ready` / `fatal ERROR: cannot listen on <addr>:<port>: <reason>`
-(exit 2) on the ready pipe, stop on SIGTERM/SIGINT or on EOF of the lifeline
-(the manager died, S2.1 fix).
+waitress, and the child side of supervision: `ready` / `fatal ERROR: cannot
+listen on <addr>:<port>: <reason>` (exit 2) on the ready pipe, stop on
+SIGTERM/SIGINT or on EOF of the lifeline (the manager died, S2.1 fix).
+rq.daemon does the program edge: the process title `[rq-web]`, logging to
+log/queuemgr.log (role `rq-web`; the access log comes from web.wsgi.AccessLog),
+the main config and the `fatal ERROR: ...` lines of the other start-up errors.
 
 Threads: waitress's own select loop runs in a thread of its own and hands each
 request to a pool of THREADS workers, so a log stream (S17.2) or a long poll
@@ -22,7 +23,6 @@ from web.wsgi.
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import logging
 import os
@@ -32,13 +32,12 @@ import sys
 import threading
 from typing import Any
 
-import setproctitle
 import waitress
 from waitress.server import BaseWSGIServer
 
-from rq.config import MainConfig, load_main_config
-from rq.errors import ConfigError
-from rq.logs import setup_logging
+from rq.config import MainConfig
+from rq.daemon import Context, DaemonSpec, run_daemon
+from rq.errors import StartError
 from rq.loop import Loop
 from rq.proc import ReadyPipe, lifeline_closed
 
@@ -51,41 +50,30 @@ UPLOAD_MARGIN = 1 << 20    # multipart framing on top of max_upload_bytes
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m web")
-    parser.add_argument("--root", required=True)
-    parser.add_argument("--lifeline-fd", type=int)
-    parser.add_argument("--ready-fd", type=int)
-    parser.add_argument("--threads", type=int, default=THREADS)
-    args = parser.parse_args(argv)
-    root = os.path.abspath(args.root)
-    for fd in (args.lifeline_fd, args.ready_fd):  # passed to us inheritable; keep them ours
-        if fd is not None:
-            os.set_inheritable(fd, False)
-    ready = ReadyPipe(args.ready_fd)
-    try:
-        os.chdir(root)
-        setup_logging(root, "rq-web", stderr=args.ready_fd is None)
-    except OSError as exc:
-        return report_fatal(ready, f"ERROR: cannot open log/queuemgr.log: {exc.strerror or exc}")
-    setproctitle.setproctitle("[rq-web]")
-    try:
-        config = load_main_config(root)
-    except ConfigError as exc:
-        return report_fatal(ready, f"ERROR: bad config file config/config.json: {exc}")
+def serve(ctx: Context) -> int:
+    config = ctx.config
     try:
         sock = listen_socket(config.addr, config.port)
     except OSError as exc:
-        return report_fatal(ready, f"ERROR: cannot listen on {config.addr}:{config.port}: "
-                           f"{exc.strerror or exc}")
+        raise StartError(f"cannot listen on {config.addr}:{config.port}: "
+                         f"{exc.strerror or exc}") from exc
     warn_if_exposed(config)
     try:
-        server = make_server(root, config, sock, args.threads)
+        server = make_server(ctx.root, config, sock, ctx.args.threads)
     except Exception:  # a broken app is a crash: BACKOFF and retry, not FATAL
         log.exception("rq-web cannot build the application")
         sock.close()
         return 1
-    return WebDaemon(server, args.lifeline_fd, ready).run()
+    return WebDaemon(server, ctx.lifeline_fd, ctx.ready).run()
+
+
+SPEC = DaemonSpec(prog="python -m web", logger="rq.web", role="rq-web", title="[rq-web]",
+                  serve=serve, options=(("--threads", {"type": int, "default": THREADS}),),
+                  fatal_text="ERROR: {reason}", stderr_text="{line}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_daemon(SPEC, argv)
 
 
 def warn_if_exposed(config: MainConfig) -> None:
@@ -107,15 +95,6 @@ def is_loopback(addr: str) -> bool:
         return ipaddress.ip_address(addr.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def report_fatal(ready: ReadyPipe, line: str) -> int:
-    """A start-up error that retrying cannot fix: FATAL at the manager (S2.3)."""
-    log.error("cannot start: %s", line.removeprefix("ERROR: "))
-    if ready.fd is None:
-        print(line, file=sys.stderr)
-    ready.send(f"fatal {line}")
-    return 2
 
 
 def listen_socket(addr: str, port: int) -> socket.socket:

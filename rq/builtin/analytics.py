@@ -16,21 +16,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
-
-def log(text: str) -> None:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S %z")
-    print(f"{os.getpid()} - {stamp} - {text}", flush=True)
-
-
-def send(line: str) -> None:
-    """Write one status line on fd 3 (RQ_WRITE, S6.3) and echo it to the log (S12)."""
-    log(line)
-    try:
-        os.write(3, (line + "\n").encode())
-    except OSError:
-        pass  # run by hand without fd 3: the log line is all there is
+if __package__:  # imported as rq.builtin.analytics
+    from rq.builtin import jobio
+else:  # run as a file (S12): python put this folder first on sys.path
+    import jobio  # type: ignore[no-redef]
 
 
 def flags_from_env(env: dict[str, str]) -> dict[str, object]:
@@ -48,11 +38,11 @@ def flags_from_env(env: dict[str, str]) -> dict[str, object]:
 def main() -> int:
     root = os.environ.get("RQ_ROOT", "")
     if not root:
-        send("fail RQ_ROOT is not set")
+        jobio.send("fail RQ_ROOT is not set")
         return 0
     flags = flags_from_env(dict(os.environ))
-    send(f"run analytics started for {root} {' '.join(f'--{k} {v}' for k, v in flags.items())}"
-         .rstrip())
+    options = " ".join(f"--{k} {v}" for k, v in flags.items())
+    jobio.send(f"run analytics started for {root} {options}".rstrip())
     try:
         from rq.analytics import job
         from rq.errors import RQError
@@ -60,15 +50,15 @@ def main() -> int:
         try:
             final, result = job.execute(root, flags)
         except RQError as exc:
-            send(f"fail {' '.join(str(exc).split())}")
+            jobio.send(f"fail {' '.join(str(exc).split())}")
             return 0
         for line in job.report_lines(final, result):
-            log(line)
+            jobio.log(line)
     except Exception as exc:  # noqa: BLE001 -- the message must end err, with one line
-        send(f"fail analytics failed: {' '.join(str(exc).split())[:400]}")
+        jobio.send(f"fail analytics failed: {' '.join(str(exc).split())[:400]}")
         return 0
     total = result["total"]
-    send(f"done analytics {result['run_id']}: {total['events']} events, "
+    jobio.send(f"done analytics {result['run_id']}: {total['events']} events, "
          f"{len(result['queues'])} queues, {result['lines']['skipped']} lines skipped")
     return 0
 

@@ -10,7 +10,8 @@ log/events/YYYYMMDD/ directories older than event_retention_days (S1.4, S13).
 
 S0.3.2 lets the cleaner delete finished messages directly (no queue process is asked).  It logs
 `<pid> - <time> - <text>` lines to stdout (the job's stdio.log) and reports on fd 3 (S6.4).
-Standalone on purpose: stdlib only, nothing of rq, so it also runs by hand.
+Standalone on purpose: stdlib only, nothing of rq but its neighbour jobio, so it also runs by
+hand.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ import sys
 import time
 from collections.abc import Iterator
 
+if __package__:  # imported as rq.builtin.cleaner
+    from rq.builtin import jobio
+else:  # run as a file (S12): python put this folder first on sys.path
+    import jobio  # type: ignore[no-redef]
+
 ALL = "ALLQUEUES"
 DEFAULT_DAYS = 2
 RELAYED_KEEP = 60000
@@ -33,21 +39,6 @@ ID_RE = re.compile(r"^(\d{4})(\d{2})(\d{2})\.(\d{2})(\d{2})\.(\d{2})\.(\d{3})\.\
 DAY_RE = re.compile(r"^(\d{4})(\d{2})(\d{2})$")
 TWO_DIGITS = re.compile(r"^\d{2}$")
 BAD_NAME_CHARS = set("/. ,;:@\"(){}\\+='^`#~?[]%|$&<>*")  # S3.1
-
-
-def log(text: str) -> None:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S %z")
-    print(f"{os.getpid()} - {stamp} - {text}", flush=True)
-
-
-def send(line: str) -> None:
-    """Write one status line on fd 3 (RQ_WRITE, S6.3) and echo it to the log (S12)."""
-    log(line)
-    try:
-        with os.fdopen(3, "w") as pipe:
-            pipe.write(line + "\n")
-    except OSError:
-        pass  # run by hand without fd 3: the log line is all there is
 
 
 def valid_queue_name(name: str) -> bool:
@@ -95,7 +86,7 @@ def remove_tree(path: str) -> bool:
     except FileNotFoundError:
         return True  # already gone (an operator or the queue deleted it): fine
     except OSError as err:
-        log(f"could not remove {path}: {err.strerror or err}")
+        jobio.log(f"could not remove {path}: {err.strerror or err}")
         return False
 
 
@@ -152,7 +143,7 @@ def clean_queue(root: str, name: str, now: float, days: int) -> None:
     counts = [f"{state} {prune_hashdir(os.path.join(qdir, state), cutoff)} buckets"
               for state in HASHDIR_STATES]
     counts.append(f"prep {prune_prep(os.path.join(qdir, 'prep'), now, days * 86400)} messages")
-    log(f"cleaned queue {name} (keeping {days} days): removed " + ", ".join(counts))
+    jobio.log(f"cleaned queue {name} (keeping {days} days): removed " + ", ".join(counts))
 
 
 def trim_relayed(relayed_dir: str, keep: int = RELAYED_KEEP) -> int:
@@ -187,7 +178,7 @@ def event_retention_days(root: str) -> int:
     if isinstance(value, str) and value.isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        log(f"invalid event_retention_days {value!r}; using {DEFAULT_EVENT_RETENTION_DAYS}")
+        jobio.log(f"invalid event_retention_days {value!r}; using {DEFAULT_EVENT_RETENTION_DAYS}")
         return DEFAULT_EVENT_RETENTION_DAYS
     return value
 
@@ -225,7 +216,7 @@ def find_root(env: dict[str, str]) -> str:
 def run(env: dict[str, str], now: float) -> int:
     target = env.get("RQ_PARAM1", "").strip()
     if not target:
-        send("fail need to specify a PARAM1")
+        jobio.send("fail need to specify a PARAM1")
         return 1
     digits = re.search(r"\d+", env.get("RQ_PARAM2", ""))
     days = int(digits.group()) if digits else DEFAULT_DAYS
@@ -235,18 +226,18 @@ def run(env: dict[str, str], now: float) -> int:
     elif valid_queue_name(target) and os.path.isdir(os.path.join(root, "queue", target)):
         queues = [target]
     else:
-        send(f"fail no such queue: {target}")
+        jobio.send(f"fail no such queue: {target}")
         return 0
-    log(f"cleaning {target} under {root}, keeping {days} days")
+    jobio.log(f"cleaning {target} under {root}, keeping {days} days")
     for name in queues:
         clean_queue(root, name, now, days)
     if target == ALL:
         trimmed = trim_relayed(os.path.join(root, "queue", "relay", "relayed"))
-        log(f"trimmed relay/relayed to the newest {RELAYED_KEEP}: removed {trimmed} messages")
+        jobio.log(f"trimmed relay/relayed to the newest {RELAYED_KEEP}: removed {trimmed} messages")
         retention = event_retention_days(root)
         pruned = prune_events(os.path.join(root, "log", "events"), now, retention)
-        log(f"event log retention {retention} days: removed {pruned} day directories")
-    send("done successfully ran this script")
+        jobio.log(f"event log retention {retention} days: removed {pruned} day directories")
+    jobio.send("done successfully ran this script")
     return 0
 
 
@@ -254,7 +245,7 @@ def main() -> int:
     try:
         return run(dict(os.environ), time.time())
     except Exception as err:  # S0.3.3: a failure becomes the message's err text, not a trace
-        send(f"fail cleaner failed: {err}")
+        jobio.send(f"fail cleaner failed: {err}")
         return 1
 
 

@@ -15,8 +15,8 @@ multipart uploads included) and `JobFiles` the job directory.  `relay()` drives 
 
 Log lines `<pid> - <time> - <text>` go to stdout (the job's stdio.log); status lines go to fd 3
 (RQ_WRITE, S6.3) and are echoed to the log (S12).  Standalone on purpose: nothing of rq is
-imported, so it also runs by hand (`python rq/builtin/relay.py` in a message's job directory
-with the RQ_* variables set).
+imported but its neighbour jobio (stdlib only), so it also runs by hand (`python
+rq/builtin/relay.py` in a message's job directory with the RQ_* variables set).
 """
 
 from __future__ import annotations
@@ -29,12 +29,15 @@ import re
 import stat
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+
+if __package__:  # imported as rq.builtin.relay
+    from rq.builtin import jobio
+else:  # run as a file (S12): python put this folder first on sys.path
+    import jobio  # type: ignore[no-redef]
 
 MAX_RQ_COUNT = 15
 CONNECT_TIMEOUT = 30.0
@@ -46,7 +49,7 @@ PREP_KEYS = ("dest", "src", "count", "max_count", "param1", "param2", "param3", 
              "post_run_webhook", "orig_msg_id")
 # A remote full id (S4.2): http(s)://HOST:PORT[/PREFIX]/q/QUEUE/SHORT_ID
 FULL_ID_RE = re.compile(r"^https?://[^/\s]+(/[^\s]*)?/q/[^/\s]+/\d{8}\.\d{4}\.\d{2}\.\d{3}\.\d+$")
-REASON_MAX = 300
+RESEND_STEP = 10  # seconds × RQ_COUNT²
 
 
 # ================================================================ pure protocol decisions
@@ -75,7 +78,7 @@ class Decision:
 def is_loop(orig_msg_id: str, dest: str) -> bool:
     """S12.1 step 2: the message started out in the very queue it is relayed to.  Full ids
     never carry credentials, so a dest's `user:pass@` is left out of the comparison."""
-    bare = split_credentials(dest)[0]
+    bare = jobio.split_credentials(dest)[0]
     return orig_msg_id.startswith(bare.rstrip("/") + "/")
 
 
@@ -97,16 +100,10 @@ def parse_reply(body: bytes) -> Any:
         return None
 
 
-def one_line(text: str) -> str:
-    """Reason texts end up in one pipe line (S6.4): no line breaks, bounded length."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= REASON_MAX else flat[:REASON_MAX - 3] + "..."
-
-
 def describe(what: str, code: int, body: bytes) -> str:
     """`<what> got HTTP <code>: <body start>` for a soft-fail reason."""
-    text = body[:REASON_MAX].decode("utf-8", "replace")
-    return one_line(f"{what} got HTTP {code}: {text}")
+    text = body[:jobio.REASON_MAX].decode("utf-8", "replace")
+    return jobio.one_line(f"{what} got HTTP {code}: {text}")
 
 
 def is_ok(reply: Any) -> bool:
@@ -148,7 +145,7 @@ def after_attach(name: str, md5: str, code: int, body: bytes) -> Decision:
         return Decision(Step.RESEND, forget=True,
                         reason=describe(f"attach {name}", code, body))
     if code == 200 and is_ok(reply):
-        return Decision(Step.RESEND, reason=one_line(
+        return Decision(Step.RESEND, reason=jobio.one_line(
             f"attach {name}: md5 mismatch: sent {md5}, remote replied {reply[1:]}"))
     return Decision(Step.RESEND, reason=describe(f"attach {name}", code, body))
 
@@ -166,7 +163,7 @@ def after_commit(code: int, body: bytes) -> Decision:
 def prep_message(fields: Mapping[str, Any], orig_fallback: str) -> dict[str, Any]:
     """Step 5's remote message: the PREP_KEYS present, `count` + 1, `_method` = prep."""
     msg = {key: fields[key] for key in PREP_KEYS if fields.get(key) is not None}
-    msg["count"] = as_count(fields.get("count")) + 1
+    msg["count"] = jobio.as_count(fields.get("count")) + 1
     msg.setdefault("orig_msg_id", orig_fallback)
     msg["_method"] = "prep"
     return msg
@@ -193,47 +190,12 @@ def prep_url(dest: str) -> str:
     return dest.rstrip("/") + "/new_message"
 
 
-def as_count(value: Any) -> int:
-    try:
-        return max(int(value), 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def resend_line(count: int, reason: str) -> str:
     """Soft fail: `resend <RQ_COUNT² × 10>-<reason>` (backoff 0, 10, 40, 90 … s)."""
-    return f"resend {count * count * 10}-{one_line(reason)}"
+    return jobio.resend_status(count, reason, RESEND_STEP)
 
 
-def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
-    """`http://user:pass@host/…` → (`http://host/…`, (user, pass)); S12.1 sends them as
-    Basic auth on every request, so they are taken out of the URL once, here."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url, None
-    netloc = parts.netloc.rpartition("@")[2]
-    bare = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-    return bare, (unquote(parts.username or ""), unquote(parts.password or ""))
-
-
-# ================================================================ IO: log, pipe, files, HTTP
-
-
-def log(text: str) -> None:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S %z")
-    print(f"{os.getpid()} - {stamp} - {text}", flush=True)
-
-
-def send(line: str, fd: int = 3) -> None:
-    """One status line on RQ_WRITE (S6.4), echoed to the log (S12).  fd 3 stays open: a
-    relay may send two lines (step 1)."""
-    log(line)
-    data = (line + "\n").encode("utf-8")
-    try:
-        while data:
-            data = data[os.write(fd, data):]
-    except OSError:
-        pass  # run by hand without fd 3: the log line above is all there is
+# ================================================================ IO: files, HTTP
 
 
 class JobFiles:
@@ -262,7 +224,7 @@ class JobFiles:
             text = f"<unreadable: {err}>"
         if FULL_ID_RE.match(text):
             return text
-        log(f"ignoring invalid relay_id {text[:200]!r}")
+        jobio.log(f"ignoring invalid relay_id {text[:200]!r}")
         self.forget_relay_id()
         return None
 
@@ -374,7 +336,7 @@ def relay(env: Mapping[str, str], job: JobFiles, remote: Remote, fields: Mapping
         if decision.relay_id:
             relay_id = decision.relay_id
         if decision.forget:
-            log(f"forgetting relay_id: {relay_id}")
+            jobio.log(f"forgetting relay_id: {relay_id}")
             job.forget_relay_id()
             relay_id = None
     return decision, relay_id
@@ -384,20 +346,20 @@ def do_step(step: Step, env: Mapping[str, str], job: JobFiles, remote: Remote,
             fields: Mapping[str, Any], dest: str, relay_id: str | None) -> Decision:
     """One of steps 4-7: its request(s) and what the reply means."""
     if step is Step.PREP:
-        log(f"attempting remote {dest}")
+        jobio.log(f"attempting remote {dest}")
         orig = env.get("RQ_ORIG_MSG_ID") or env.get("RQ_FULL_MSG_ID", "")
         decision = after_prep(*remote.post_form(prep_url(dest), prep_form(fields, orig)))
         if decision.relay_id:
             job.write_relay_id(decision.relay_id)
-            log(f"Now using relay_id: {decision.relay_id}")
+            jobio.log(f"Now using relay_id: {decision.relay_id}")
         return decision
     assert relay_id is not None
     if step is Step.CHECK:
-        log(f"checking remote state of relay_id: {relay_id}")
+        jobio.log(f"checking remote state of relay_id: {relay_id}")
         return after_state(*remote.get(relay_id + "/state.json"))
     if step is Step.ATTACH:
         return attach_all(job, remote, relay_id)
-    log(f"committing {relay_id}")
+    jobio.log(f"committing {relay_id}")
     return after_commit(*remote.post_form(relay_id, commit_form(relay_id)))
 
 
@@ -405,7 +367,7 @@ def attach_all(job: JobFiles, remote: Remote, relay_id: str) -> Decision:
     """Step 6 for every attachment (re-attaching is harmless: same name replaces)."""
     for name, path in job.attachments():
         md5 = file_md5(path)
-        log(f"attaching {name} (md5 {md5})")
+        jobio.log(f"attaching {name} (md5 {md5})")
         decision = after_attach(name, md5, *remote.post_file(
             relay_id + "/attach/new", attach_form(relay_id, name), name, path))
         if decision.step is not Step.ATTACH:
@@ -415,24 +377,24 @@ def attach_all(job: JobFiles, remote: Remote, relay_id: str) -> Decision:
 
 def run(env: Mapping[str, str]) -> int:
     fd = int(env.get("RQ_WRITE") or 3)
-    count = as_count(env.get("RQ_COUNT"))
+    count = jobio.as_count(env.get("RQ_COUNT"))
     raw_dest = env.get("RQ_DEST", "")
     job = JobFiles(env.get("RQ_MSG_DIR") or os.getcwd())
     first = start(count, env.get("RQ_ORIG_MSG_ID", ""), raw_dest,
                   os.path.lexists(job.relay_id_path))
     if first.step is Step.FAIL:
         for line in first.lines:
-            send(line, fd)
+            jobio.send(line, fd)
         return 0
-    log(f"dest - {raw_dest}")
+    jobio.log(f"dest - {raw_dest}")
     if env.get("RQ_FORCE_REMOTE"):
-        log("FORCE REMOTE")
+        jobio.log("FORCE REMOTE")
     try:
         fields = job.read_msg()
     except (OSError, ValueError) as err:
-        send(f"fail cannot read ../msg: {one_line(str(err))}", fd)
+        jobio.send(f"fail cannot read ../msg: {jobio.one_line(str(err))}", fd)
         return 0
-    dest, auth = split_credentials(raw_dest)
+    dest, auth = jobio.split_credentials(raw_dest)
     remote = Remote(auth)
     try:
         decision, relay_id = relay(env, job, remote, fields, dest, first)
@@ -442,19 +404,14 @@ def run(env: Mapping[str, str]) -> int:
         # job/relay_id is kept (S12.1 step 8 deletes it first): the message leaves run/ with
         # this line, and should a crash requeue it before that, the retry finds relay_id,
         # sees the remote copy committed (step 4) and never preps a second one.
-        send(f"relayed {relay_id}", fd)
+        jobio.send(f"relayed {relay_id}", fd)
     else:
-        send(resend_line(count, decision.reason), fd)
+        jobio.send(resend_line(count, decision.reason), fd)
     return 0
 
 
 def main() -> int:
-    try:
-        return run(dict(os.environ))
-    except Exception as err:  # S0.3.3: a failure becomes the message's status, not a trace
-        send(resend_line(as_count(os.environ.get("RQ_COUNT")), f"relay error: {err!r}"),
-             int(os.environ.get("RQ_WRITE") or 3))
-        return 0
+    return jobio.run_or_resend(run, "relay", RESEND_STEP)
 
 
 if __name__ == "__main__":

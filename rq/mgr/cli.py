@@ -27,7 +27,6 @@ from rq.config import find_root, load_main_config
 from rq.errors import ConfigError, RQError
 from rq.mgr import pidfile, queuedirs
 from rq.mgr.daemon import run_daemon
-from rq.mgr.supervisor import ALREADY_RUNNING
 from rq.proc import kill_process, signal_group, spawn_detached
 
 USAGE = "usage: rq-mgr [--root PATH] start|stop|restart|reload|run|status"
@@ -113,7 +112,7 @@ def cmd_start(root: str, ontop: bool) -> int:
         print(f"ERROR: bad config file config/config.json: {exc}", file=sys.stderr)
         return 1
     if pidfile.running_pid(root) is not None:
-        print(ALREADY_RUNNING, file=sys.stderr)
+        print(pidfile.ALREADY_RUNNING, file=sys.stderr)
         return 1
     return start_detached(root)
 

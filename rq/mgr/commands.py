@@ -19,19 +19,17 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import rq
 from rq import protocol
 from rq.client import call_queue
-from rq.config import QueueConfig, validate_queue_config
+from rq.config import MainConfig, QueueConfig, validate_queue_config
 from rq.errors import ConfigError, ConnectError
+from rq.fsops import FsOps
 from rq.mgr import queuedirs, timercmds
 from rq.mgr.consumer import Consumers
-from rq.mgr.events_hub import serve_subscription
-
-if TYPE_CHECKING:
-    from rq.mgr.supervisor import Manager
+from rq.mgr.events_hub import EventHub, serve_subscription
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +44,29 @@ FLAG_COMMANDS = {
 Reply = list[Any]
 
 
+class Supervisor(Protocol):
+    """What the commands need of rq.mgr.supervisor.Manager, which imports this module
+    (so this one does not import it).  `queue_names` … `start_new_queue` touch the
+    children table: the commands call them through `call_in_loop` only."""
+    root: str
+    config: MainConfig
+    fs: FsOps
+    events_hub: EventHub
+
+    def call_in_loop(self, func: Callable[..., Any], *args: Any) -> Any: ...
+    def uptime(self) -> int: ...
+    def has_config(self, name: str) -> bool: ...
+    def queue_names(self) -> list[str]: ...
+    def status(self) -> dict[str, Any]: ...
+    def reload_now(self) -> None: ...
+    def restart_queue(self, name: str) -> bool: ...
+    def delete_queue(self, name: str) -> bool: ...
+    def queue_is_running(self, name: str) -> bool: ...
+    def start_new_queue(self, name: str) -> None: ...
+
+
 class Commands:
-    def __init__(self, manager: Manager) -> None:
+    def __init__(self, manager: Supervisor) -> None:
         self.mgr = manager
         self.root = manager.root
         self.queue_root = os.path.join(manager.root, "queue")

@@ -23,7 +23,8 @@ from rq.errors import ConfigError, RQError
 from rq.logs import setup_logging
 from rq.mgr import pidfile
 from rq.mgr.children import Policy
-from rq.mgr.supervisor import ArgvBuilder, Manager, child_env
+from rq.mgr.programs import ArgvBuilder, child_env
+from rq.mgr.supervisor import Manager
 from rq.proc import ReadyPipe
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The manager's pid file `config/queuemgr.pid` (SPEC S1.3, S2.2, S21).
 
-Owns: reading it, deciding whether the process it names is trusted (alive,
+Owns: reading it, claiming it at start-up, deciding whether the process it names is trusted (alive,
 not a zombie, and an rq-mgr of *this* root: S21 "a pid file is trusted only
 if its process is alive and is an rq-mgr of this root"), writing it by temp
 file + rename (S0.3.1) and removing it only while it still names us.
@@ -11,13 +11,18 @@ path so a symlinked spelling of the same root is still the same root.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import psutil
 
+from rq.errors import RQError
 from rq.fsops import FsOps
 
+log = logging.getLogger(__name__)
+
 TITLE_PREFIX = "[rq-mgr] "
+ALREADY_RUNNING = "ERROR: there is already one or more instance(s) of the program running"
 
 
 def pid_path(root: str) -> str:
@@ -71,6 +76,21 @@ def running_pid(root: str) -> int | None:
     if pid is not None and is_manager_of(pid, root):
         return pid
     return None
+
+
+def claim(root: str, pid: int, fs: FsOps) -> None:
+    """S2.2 step 2: make the pid file name `pid`, unless a trusted manager of this
+    root runs already.  Raises RQError with the line to print."""
+    old = read_pid(root)
+    if old is not None and old != pid and is_manager_of(old, root):
+        raise RQError(ALREADY_RUNNING)
+    if old is not None:
+        log.info("replacing stale pid file (pid %d)", old)
+    try:
+        write_pid(root, pid, fs)
+    except OSError as exc:
+        raise RQError(
+            f"ERROR: cannot write config/queuemgr.pid: {exc.strerror or exc}") from exc
 
 
 def write_pid(root: str, pid: int, fs: FsOps) -> None:

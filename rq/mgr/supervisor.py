@@ -2,7 +2,7 @@
 
 Owns: the pid file and the manager socket of a root, the table of supervised
 children (one queue process per queue directory, and the singleton services
-of DAEMON_MODULES / SERVICES: the web server, scandir and timers),
+of rq.mgr.programs: the web server, scandir and timers),
 the start-up order (the web server first: a `fatal` line from it, i.e. it
 cannot listen, fails start-up, S2.2 step 4), the main loop, signals
 (SIGTERM/SIGINT graceful stop, SIGHUP reload), reaping, restarts with
@@ -10,9 +10,9 @@ backoff, graceful stop with a SIGKILL deadline, and the queue directory
 operations that need a stopped queue (delete to trash).
 
 All of the children table is touched by the loop thread only.  Socket
-threads (rq.mgr.commands) hand work to the loop with `call_in_loop`, which
-wakes the loop and waits for the answer, so there are no races and no locks
-around the table.  It must not import rq.queue: a queue is a program it runs.
+threads (rq.mgr.commands) hand work to the loop with `call_in_loop`
+(rq.mgr.calls), which wakes the loop and waits for the answer, so there are
+no races and no locks around the table.  It must not import rq.queue: a queue is a program it runs.
 """
 
 from __future__ import annotations
@@ -20,71 +20,34 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import queue
 import select
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from typing import Any
 
 from rq import proc
 from rq.client import mgr_socket
 from rq.config import MainConfig, load_queue_config
-from rq.errors import ConfigError, Fail, RQError
+from rq.errors import ConfigError, RQError
 from rq.fsops import FsOps
 from rq.loop import Loop
 from rq.mgr import pidfile, queuedirs
+from rq.mgr.calls import LoopCalls
 from rq.mgr.children import Child, Policy, State
 from rq.mgr.commands import Commands
 from rq.mgr.events_hub import EventHub
+from rq.mgr.programs import SERVICES, STATUS_SERVICES, WEB, ArgvBuilder, default_argv
 from rq.protocol import describe_exit
 from rq.sockserve import Rq1Server
 
 log = logging.getLogger(__name__)
 
-# kind -> module run as `python -m MODULE --root ROOT [--name NAME]`.
-DAEMON_MODULES: dict[str, str] = {
-    "queue": "rq.queue",
-    "web": "web",
-    "scandir": "rq.scandir",
-    "timers": "rq.timers",
-}
-# Singleton daemons, stopped after the queues (S2.5).  Adding one: its module
-# above and its kind here, e.g. "scandir".  The web server is started before
-# the queues and waited for (S2.2 step 4); the others after them (step 6).
-SERVICES: tuple[str, ...] = ("web", "scandir", "timers")
-WEB = "web"
-WEB_START_TIMEOUT = 15.0  # then start-up goes on with the web still STARTING
-STATUS_SERVICES = ("web", "scandir", "timers")  # keys of the S7.2 status reply
-
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1)
+WEB_START_TIMEOUT = 15.0  # then start-up goes on with the web still STARTING
 MAX_WAIT = 5.0           # the loop looks around at least this often
 READY_CAP = 20.0         # announce readiness even if a queue is still STARTING
-REQUEST_TIMEOUT = 30.0   # how long a socket thread waits for the loop
-ALREADY_RUNNING = "ERROR: there is already one or more instance(s) of the program running"
-
-ArgvBuilder = Callable[[str, str], list[str]]
-
-
-def default_argv(root: str, kind: str, name: str) -> list[str]:
-    """The command line of a supervised daemon (proc.spawn_daemon appends
-    `--lifeline-fd F --ready-fd F`)."""
-    argv = [*proc.python_argv(DAEMON_MODULES[kind]), "--root", root]
-    return [*argv, "--name", name] if kind == "queue" else argv
-
-
-def child_env(base: Mapping[str, str], config: MainConfig) -> dict[str, str]:
-    """S6.2: the manager's environment plus RQ_ENV, RQ_ROOT and TMPDIR."""
-    env = dict(base)
-    env["RQ_ENV"] = config.env
-    env["RQ_ROOT"] = config.root
-    if config.tmpdir:
-        env["TMPDIR"] = config.tmpdir
-    return env
-
 
 class Manager:
     def __init__(self, root: str, config: MainConfig, *, env: Mapping[str, str],
@@ -106,10 +69,7 @@ class Manager:
         self.ready_deadline = 0.0
         self.loop: Loop | None = None
         self.server: Rq1Server | None = None
-        self._requests: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...],
-                                                Future[Any]]] = queue.SimpleQueue()
-        self._requests_lock = threading.Lock()
-        self._closed = False
+        self.calls = LoopCalls(self.wake)  # from socket threads (rq.mgr.commands)
         self.events_hub = EventHub(root)  # S8.8 subscriptions
 
     # ------------------------------------------------------------ start-up (S2.2)
@@ -118,7 +78,7 @@ class Manager:
         """Steps 2, 3, 5 of S2.2 (step 1, the main config, is the caller's).
         Raises RQError with the line to print."""
         self.loop = Loop(SIGNALS)
-        self.claim_pid_file()
+        pidfile.claim(self.root, os.getpid(), self.fs)
         try:
             self.server = Rq1Server(mgr_socket(self.root), Commands(self).handle)
             self.server.start()
@@ -180,18 +140,6 @@ class Manager:
         pidfile.remove_pid(self.root, os.getpid())
         raise RQError(line)
 
-    def claim_pid_file(self) -> None:
-        pid = pidfile.read_pid(self.root)
-        if pid is not None and pid != os.getpid() and pidfile.is_manager_of(pid, self.root):
-            raise RQError(ALREADY_RUNNING)
-        if pid is not None:
-            log.info("replacing stale pid file (pid %d)", pid)
-        try:
-            pidfile.write_pid(self.root, os.getpid(), self.fs)
-        except OSError as exc:
-            raise RQError(
-                f"ERROR: cannot write config/queuemgr.pid: {exc.strerror or exc}") from exc
-
     def scan_queues(self) -> list[str]:
         return queuedirs.scan(self.root)
 
@@ -221,7 +169,7 @@ class Manager:
         signals = self.loop.wait(timeout)
         now = time.monotonic() if now is None else now
         self.handle_signals(signals, now)
-        self.run_requests()
+        self.calls.run_pending()
         self.reap(now)
         self.start_due(now)
         self.enforce_stop_deadlines(now)
@@ -237,9 +185,7 @@ class Manager:
         return max(0.0, min([now + MAX_WAIT, *times]) - now)
 
     def close(self) -> None:
-        with self._requests_lock:
-            self._closed = True
-        self.run_requests()  # answer whatever is still queued
+        self.calls.close()  # answers whatever is still queued
         self.events_hub.stop()  # ends every subscription at once
         if self.server is not None:
             self.server.close()  # also removes the socket file
@@ -281,31 +227,12 @@ class Manager:
     # ------------------------------------------------------------ requests from socket threads
 
     def call_in_loop(self, func: Callable[..., Any], *args: Any) -> Any:
-        """Run `func(*args)` in the loop thread and return its result."""
-        future: Future[Any] = Future()
-        with self._requests_lock:
-            if self._closed:
-                raise Fail("rq-mgr is stopping")
-            self._requests.put((func, args, future))
+        """Run `func(*args)` in the loop thread (rq.mgr.calls) and return its result."""
+        return self.calls.call_in_loop(func, *args)
+
+    def wake(self) -> None:
         assert self.loop is not None
         self.loop.wake()
-        try:
-            return future.result(REQUEST_TIMEOUT)
-        except TimeoutError:
-            raise Fail("rq-mgr is busy") from None
-
-    def run_requests(self) -> None:
-        while True:
-            try:
-                func, args, future = self._requests.get_nowait()
-            except queue.Empty:
-                return
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(func(*args))
-            except Exception as exc:  # noqa: BLE001 -- re-raised in the asking thread
-                future.set_exception(exc)
 
     # ------------------------------------------------------------ spawning and reaping
 

@@ -1,78 +1,24 @@
 """Entry point of the scandir daemon (SPEC S2.1, S11), a program you can run by hand.
 
-`python -m rq.scandir --root ROOT [--lifeline-fd F --ready-fd F]`: reads the
-main config at the edge, sets the process title `[rq-scandir]`, logs to
-log/queuemgr.log as `rq-scandir`, and runs ScandirDaemon.  A main config that
-cannot be read is reported as `fatal` on the ready pipe (exit 2: FATAL at the
-manager, S2.3).
+`python -m rq.scandir --root ROOT [--lifeline-fd F --ready-fd F]`: rq.daemon does the
+program edge (process title `[rq-scandir]`, logging to log/queuemgr.log as `rq-scandir`, the
+main config, `fatal` on the ready pipe and exit 2 for what a retry cannot fix, S2.3),
+then ScandirDaemon runs until stopped.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
-import os
 import sys
-from collections.abc import Mapping
 
-import setproctitle
+from rq.daemon import DaemonSpec, run_daemon
+from rq.scandir.daemon import ScandirDaemon
 
-from rq import fsops
-from rq.config import load_main_config
-from rq.errors import ConfigError
-from rq.logs import setup_logging
-from rq.proc import ReadyPipe
-from rq.scandir.daemon import RESCAN, ScandirDaemon
-
-log = logging.getLogger("rq.scandir")
+SPEC = DaemonSpec(prog="python -m rq.scandir", logger="rq.scandir", role="rq-scandir",
+                  title="[rq-scandir]", serve=ScandirDaemon.run_from)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rq.scandir")
-    parser.add_argument("--root", required=True)
-    parser.add_argument("--lifeline-fd", type=int)
-    parser.add_argument("--ready-fd", type=int)
-    args = parser.parse_args(argv)
-    root = os.path.abspath(args.root)
-    for fd in (args.lifeline_fd, args.ready_fd):  # passed to us inheritable; keep them ours
-        if fd is not None:
-            os.set_inheritable(fd, False)
-    ready = ReadyPipe(args.ready_fd)
-    try:
-        os.chdir(root)
-        setup_logging(root, "rq-scandir", stderr=args.ready_fd is None)
-    except OSError as exc:
-        return fatal(ready, f"cannot open log/queuemgr.log: {exc.strerror or exc}")
-    setproctitle.setproctitle("[rq-scandir]")
-    try:
-        config = load_main_config(root)
-    except ConfigError as exc:
-        return fatal(ready, f"bad config file config/config.json: {exc}")
-    try:
-        return ScandirDaemon(config, fsops.from_environment(os.environ),
-                             lifeline_fd=args.lifeline_fd, ready=ready,
-                             rescan=rescan_seconds(os.environ)).run()
-    except Exception:  # a crash is a BACKOFF at the manager (S2.3)
-        log.exception("rq-scandir crashed")
-        return 1
-
-
-def rescan_seconds(env: Mapping[str, str]) -> float:
-    """Test seam: RQ_RESCAN_SECONDS overrides the periodic rescan (a huge
-    value leaves only the watchdog notifications; S11.4)."""
-    try:
-        value = float(env.get("RQ_RESCAN_SECONDS", ""))
-    except ValueError:
-        return RESCAN
-    return value if 0 < value < float("inf") else RESCAN
-
-
-def fatal(ready: ReadyPipe, reason: str) -> int:
-    log.error("cannot start: %s", reason)
-    if ready.fd is None:
-        print(f"rq.scandir: {reason}", file=sys.stderr)
-    ready.send(f"fatal {reason}")
-    return 2
+    return run_daemon(SPEC, argv)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ Owns: reading `scandir/` and the queue directories, the ownership files
 `config.json` of the queues it owns, and asking the manager (its socket:
 `create_queue`, `restart_queue`, `delete_queue`) for everything that starts,
 restarts or trashes a queue.  It never changes a queue without scandir.json.
-A pass runs on watchdog events (debounced by SETTLE), on SIGHUP and every
-RESCAN s; rq.scandir.plan decides what a pass does.
+A pass runs when rq.scanloop, its loop, says a scan is due (watchdog events,
+SIGHUP, every RESCAN s); rq.scandir.plan decides what a pass does.
 """
 
 from __future__ import annotations
@@ -14,30 +14,22 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import threading
-import time
 from typing import Any
 
 from rq import protocol
 from rq.client import call_mgr
 from rq.config import MainConfig
-from rq.dirwatch import DirWatcher
 from rq.errors import ConnectError
 from rq.fsops import FsOps
-from rq.loop import Loop
-from rq.proc import ReadyPipe, lifeline_closed
+from rq.proc import ReadyPipe
 from rq.scandir.plan import Action, Entry, Ownership, config_text, plan, stat_key
+from rq.scanloop import RESCAN, ScanLoop
 
 log = logging.getLogger("rq.scandir")
 
-RESCAN = 10.0           # S11.4: a full pass at least this often (<= 15 s)
-SETTLE = 0.2            # after a notification, wait this long for writes to finish
 DELETE_REPEAT = 30.0    # ask again to delete a queue still there after this long
 MGR_TIMEOUT = 60.0
 OWNERSHIP = "scandir.json"
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-SIGNALS = (*STOP_SIGNALS, signal.SIGHUP, signal.SIGUSR1)
 
 
 def read_json(path: str) -> tuple[Any, str | None]:
@@ -78,88 +70,22 @@ def read_entry(scandir: str, name: str) -> Entry | None:
                  os.path.realpath(form) if os.path.isfile(form) else None)
 
 
-class ScandirDaemon:
+class ScandirDaemon(ScanLoop):
+    role = "rq-scandir"
+
     def __init__(self, config: MainConfig, fs: FsOps, *, lifeline_fd: int | None,
                  ready: ReadyPipe, rescan: float = RESCAN) -> None:
-        self.root = config.root
-        self.fs = fs
+        super().__init__(config, fs, lifeline_fd=lifeline_fd, ready=ready, rescan=rescan)
         self.scandir = os.path.join(self.root, "scandir")
         self.queue_root = os.path.join(self.root, "queue")
-        self.lifeline_fd = lifeline_fd
-        self.ready = ready
-        self.rescan = rescan
-        self.loop = Loop(SIGNALS)
-        self.stopping = False
-        self.notified = threading.Event()
-        self.scan_at = 0.0
-        self.watcher = DirWatcher(self.notify)
         self.reported: dict[str, str] = {}      # name -> last problem logged
         self.deleting: dict[str, float] = {}    # name -> when delete_queue was asked
         self.unwritten: dict[str, Ownership] = {}  # created, scandir.json not written yet
 
-    # ------------------------------------------------------------ main loop
-
-    def run(self) -> int:
-        if self.lifeline_fd is not None:
-            self.loop.add_reader(self.lifeline_fd, self.on_lifeline)
-        log.info("rq-scandir started, pid %d", os.getpid())
-        self.ready.send("ready")
-        try:
-            while not self.stopping:
-                self.run_once(self.next_timeout())
-        finally:
-            self.watcher.close()
-        log.info("rq-scandir stopped")
-        return 0
-
-    def next_timeout(self) -> float:
-        mono = time.monotonic()
-        self.take_notification(mono)
-        return max(0.0, self.scan_at - mono)
-
-    def run_once(self, timeout: float | None, now: float | None = None) -> None:
-        """wait -> signals -> a pass when asked or due."""
-        for sig in self.loop.wait(timeout):
-            self.handle_signal(sig)
-        if self.stopping:
-            return
-        mono = time.monotonic() if now is None else now
-        self.take_notification(mono)
-        if mono >= self.scan_at:
-            self.scan_at = mono + self.rescan
-            self.run_pass(mono)
-
-    def take_notification(self, mono: float) -> None:
-        """A notification moves the next scan to SETTLE s from now.  Also
-        checked before every wait: the wake byte that came with it may have
-        been drained by an earlier wait."""
-        if self.notified.is_set():
-            self.notified.clear()
-            self.scan_at = min(self.scan_at, mono + SETTLE)
-
-    def notify(self) -> None:
-        """From watchdog's thread: something in a watched directory changed."""
-        self.notified.set()
-        self.loop.wake()
-
-    def handle_signal(self, sig: int) -> None:
-        if sig in STOP_SIGNALS:
-            log.info("rq-scandir: %s, stopping", signal.Signals(sig).name)
-            self.stopping = True
-        elif sig == signal.SIGHUP:
-            self.scan_at = 0.0
-
-    def on_lifeline(self, fd: int) -> None:
-        if lifeline_closed(fd):  # the manager is gone (S2.1)
-            self.loop.remove_reader(fd)
-            os.close(fd)
-            self.lifeline_fd = None
-            log.info("rq-scandir: manager gone, stopping")
-            self.stopping = True
-
     # ------------------------------------------------------------ one pass (S11.4)
 
-    def run_pass(self, mono: float) -> None:
+    def scan(self, mono: float) -> None:
+        """One pass: plan what scandir/ asks for against queue/, then carry it out."""
         try:
             names = os.listdir(self.scandir)
         except OSError as exc:

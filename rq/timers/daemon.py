@@ -1,6 +1,6 @@
 """The timers daemon's loop and IO (SPEC S10, S7.2 `timers` / `timers_status`).
 
-Owns: scanning `timers/` (on watchdog events, SIGHUP, and every RESCAN s),
+Owns: scanning `timers/` (when rq.scanloop, its loop, says a scan is due),
 firing due timers with `create_message` on the target queue's socket,
 `config/timers.state.json` (written atomically after every fire), the
 `sent` / `errors` counters, and the small rq1 server at `config/timers.sock`
@@ -8,7 +8,7 @@ through which the manager answers its `timers` and `timers_status` commands
 (rq.mgr.timercmds forwards them).  Due-time rules live in rq.timers.schedule.
 
 Threads: the loop thread does all the work; socket threads only read a
-snapshot under `lock`.  Signal handlers only wake the loop (rq.loop).
+snapshot under `lock`.  Signal handlers only wake the loop (rq.scanloop).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -25,11 +24,10 @@ from typing import Any
 from rq import protocol
 from rq.client import call_mgr, call_queue
 from rq.config import MainConfig
-from rq.dirwatch import DirWatcher
 from rq.errors import ConnectError
 from rq.fsops import FsOps
-from rq.loop import Loop
-from rq.proc import ReadyPipe, lifeline_closed
+from rq.proc import ReadyPipe
+from rq.scanloop import RESCAN, ScanLoop
 from rq.sockserve import Rq1Server
 from rq.timers.schedule import (
     Found,
@@ -45,12 +43,8 @@ from rq.timers.schedule import (
 
 log = logging.getLogger("rq.timers")
 
-RESCAN = 10.0        # S10.3: a full rescan at least this often (<= 15 s)
-SETTLE = 0.2         # after a notification, wait this long for the write to finish
 FIRE_TIMEOUT = 10.0  # seconds a create_message may take
 QUEUES_GRACE = 30.0  # at start, wait this long at most for queues to leave STARTING
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-SIGNALS = (*STOP_SIGNALS, signal.SIGHUP, signal.SIGUSR1)
 
 
 def timers_socket(root: str) -> str:
@@ -95,47 +89,42 @@ def _no_nan(word: str) -> Any:
     raise ValueError(f"{word} is not plain JSON")  # S0.3.5: it could not be sent on
 
 
-class TimersDaemon:
+class TimersDaemon(ScanLoop):
+    role = "rq-timers"
+
     def __init__(self, config: MainConfig, fs: FsOps, *, lifeline_fd: int | None,
                  ready: ReadyPipe, rescan: float = RESCAN) -> None:
-        self.root = config.root
-        self.config = config
-        self.fs = fs
+        super().__init__(config, fs, lifeline_fd=lifeline_fd, ready=ready, rescan=rescan)
         self.timers_dir = os.path.join(self.root, "timers")
-        self.lifeline_fd = lifeline_fd
-        self.ready = ready
-        self.rescan = rescan
-        self.loop = Loop(SIGNALS)
         self.table = Timetable(load_state(self.root))
         self.lock = threading.Lock()  # guards table reads from socket threads and counters
         self.sent = 0
         self.errors = 0
-        self.stopping = False
-        self.notified = threading.Event()
-        self.scan_at = 0.0       # monotonic: next scan
         self.saved_state: dict[str, Any] | None = None
         self.dir_problem: str | None = None  # logged once until it changes
-        self.watcher = DirWatcher(self.notify)
         self.server = Rq1Server(timers_socket(self.root), self.handle)
 
-    # ------------------------------------------------------------ main loop
+    # ------------------------------------------------------------ the ScanLoop hooks
 
-    def run(self) -> int:
+    def start(self, mono: float) -> None:
+        """The socket, and every timer known before `ready`."""
         self.server.start()
-        if self.lifeline_fd is not None:
-            self.loop.add_reader(self.lifeline_fd, self.on_lifeline)
-        log.info("rq-timers started, pid %d", os.getpid())
-        self.scan(time.monotonic())
-        self.ready.send("ready")
-        try:
-            self.wait_for_queues()
-            while not self.stopping:
-                self.run_once(self.next_timeout())
-        finally:
-            self.watcher.close()
-            self.server.close()
-        log.info("rq-timers stopped")
-        return 0
+        self.scheduled_scan(mono)
+
+    def serve(self) -> None:
+        self.wait_for_queues()
+        super().serve()
+
+    def work(self) -> None:
+        self.fire_due(time.time())
+
+    def work_due(self) -> float | None:
+        due = self.table.next_due()
+        return None if due is None else due - time.time()
+
+    def close(self) -> None:
+        super().close()
+        self.server.close()
 
     def wait_for_queues(self) -> None:
         """S2.2 step 6 starts us right after the queue processes: give them
@@ -156,59 +145,9 @@ class TimersDaemon:
             for sig in self.loop.wait(0.2):
                 self.handle_signal(sig)
 
-    def run_once(self, timeout: float | None, now: float | None = None) -> None:
-        """wait -> signals -> scan if asked or due -> fire due timers."""
-        for sig in self.loop.wait(timeout):
-            self.handle_signal(sig)
-        if self.stopping:
-            return
-        mono = time.monotonic() if now is None else now
-        self.take_notification(mono)
-        if mono >= self.scan_at:
-            self.scan(mono)
-        self.fire_due(time.time())
-
-    def next_timeout(self) -> float:
-        mono = time.monotonic()
-        self.take_notification(mono)
-        wait = self.scan_at - mono
-        due = self.table.next_due()
-        if due is not None:
-            wait = min(wait, due - time.time())
-        return max(0.0, wait)
-
-    def take_notification(self, mono: float) -> None:
-        """A notification moves the next scan to SETTLE s from now.  Also
-        checked before every wait: the wake byte that came with it may have
-        been drained by an earlier wait."""
-        if self.notified.is_set():
-            self.notified.clear()
-            self.scan_at = min(self.scan_at, mono + SETTLE)
-
-    def notify(self) -> None:
-        """From watchdog's thread: something in a watched directory changed."""
-        self.notified.set()
-        self.loop.wake()
-
-    def handle_signal(self, sig: int) -> None:
-        if sig in STOP_SIGNALS:
-            log.info("rq-timers: %s, stopping", signal.Signals(sig).name)
-            self.stopping = True
-        elif sig == signal.SIGHUP:
-            self.scan_at = 0.0  # look again now
-
-    def on_lifeline(self, fd: int) -> None:
-        if lifeline_closed(fd):  # the manager is gone (S2.1)
-            self.loop.remove_reader(fd)
-            os.close(fd)
-            self.lifeline_fd = None
-            log.info("rq-timers: manager gone, stopping")
-            self.stopping = True
-
     # ------------------------------------------------------------ scanning (S10.1-S10.3, S10.7)
 
     def scan(self, mono: float) -> None:
-        self.scan_at = mono + self.rescan
         try:
             entries = sorted(os.listdir(self.timers_dir))
         except OSError as exc:  # keep what we have: a missing dir is no removal of timers
