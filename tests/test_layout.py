@@ -154,10 +154,26 @@ def test_import_cycles_counts_every_kind_of_import(tmp_path: Path) -> None:
     assert import_cycles(pkg) == []
 
 
-# rq/queue is left out until its restructuring removes its cycles; add it then.
-@pytest.mark.parametrize("package", ["rq/mgr", "rq/timers", "rq/scandir", "rq/builtin",
-                                     "rq/analytics"])
+@pytest.mark.parametrize("package", ["rq/queue", "rq/mgr", "rq/timers", "rq/scandir",
+                                     "rq/builtin", "rq/analytics", "rq/cli"])
 def test_no_import_cycles_within_a_package(package: str) -> None:
     """No module of the package imports one that (through others) imports it back,
     TYPE_CHECKING and function-level imports included (issue 14)."""
     assert import_cycles(REPO / package) == []
+
+
+def test_the_queue_process_module_is_imported_by_its_entry_point_only() -> None:
+    """rq/queue/process.py wires the queue's owners; nothing of rq.queue reaches back
+    into it (issue 14: no service locator)."""
+    for path in module_files("queue"):
+        if path.name in ("process.py", "__main__.py"):
+            continue
+        assert "rq.queue.process" not in rq_imports(path), path
+
+
+def test_no_module_over_500_lines() -> None:
+    """Issue 14: modules of rq/ and web/ stay under 500 lines, process.py under 400."""
+    sizes = {path: len(path.read_text().splitlines())
+             for path in [*RQ.rglob("*.py"), *(REPO / "web").rglob("*.py")]}
+    assert {str(p.relative_to(REPO)): n for p, n in sizes.items() if n > 500} == {}
+    assert sizes[RQ / "queue" / "process.py"] < 400

@@ -26,7 +26,7 @@ from webtest import Mgr, build_root
 from rq import client, protocol
 from rq.errors import ConnectError, Fail
 from rq.events import EventLog
-from rq.mgr import events_hub
+from rq.mgr import events_hub, substream
 from rq.mgr.events_hub import BUFFER_LIMIT, EventHub, Subscriber
 
 Key = tuple[Any, ...]
@@ -92,7 +92,7 @@ def test_s8_8_overflow_record_comes_before_later_events() -> None:
 ])
 def test_s8_8_in_stream_replies(payload: bytes, reply: list[Any]) -> None:
     sub = Subscriber(["a"])
-    assert events_hub.stream_request_reply(sub, payload) == reply
+    assert substream.stream_request_reply(sub, payload) == reply
 
 
 @pytest.mark.parametrize("value, since", [

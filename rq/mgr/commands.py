@@ -7,7 +7,7 @@ manager's loop thread.  Files that no process owns (admin flag files, a queue
 directory being built) are handled here directly.
 
 `reserve`, `report` and `renew` (S8.4) are handled by rq.mgr.consumer.  `subscribe` and
-`unsubscribe` hand the connection to rq.mgr.events_hub (S8.8).  A bad frame
+`unsubscribe` hand the connection to rq.mgr.substream (S8.8).  A bad frame
 or a non-JSON ARG never reaches this module: the Rq1Server answers `["fail","bad request"]` (S7.1).
 """
 
@@ -29,7 +29,8 @@ from rq.errors import ConfigError, ConnectError
 from rq.fsops import FsOps
 from rq.mgr import queuedirs, timercmds
 from rq.mgr.consumer import Consumers
-from rq.mgr.events_hub import EventHub, serve_subscription
+from rq.mgr.events_hub import EventHub
+from rq.mgr.substream import serve_subscription
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class Commands:
         }
         for cmd, (verb, suffix, create) in FLAG_COMMANDS.items():
             self.table[cmd] = self._flag_handler(verb, suffix, create)
-        # S8.8: these keep the connection (rq.mgr.events_hub streams on it).
+        # S8.8: these keep the connection (rq.mgr.substream streams on it).
         self.streams = frozenset({"subscribe", "unsubscribe"})
 
     def handle(self, cmd: str, arg: str | None, conn: socket.socket) -> Any:
