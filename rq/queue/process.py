@@ -2,8 +2,8 @@
 
 Owns the process: its lifecycle (start-up S2.7 through rq.queue.recovery, the
 loop S2.6, graceful stop S2.5, config reload S3.6), and its jobs as OS
-processes: spawning them (S6.1 steps 3-5), reading their pipes (S6.4, S6.5),
-reaping them, their deadlines and kills (S6.7, S6.8), and retrying a finish
+processes: spawning them (S6.1 steps 3-5), their pipes (S6.4, S6.5, through
+rq.queue.pipes), reaping them, their deadlines and kills (S6.7, S6.8), and retrying a finish
 that hit an IO error.  It wires the queue's owners together: QueueState (the
 messages' lifecycle, shared by every path), Enqueue (creates), Leases (pull
 mode), Cron (S9) and Commands (the socket's table, S7.3).  Nothing imports
@@ -28,9 +28,9 @@ from rq.loop import Loop
 from rq.queue import jobs as J
 from rq.queue.commands import INLINE_PASS, Commands
 from rq.queue.cron import Cron
-from rq.queue.dup import make_dup
 from rq.queue.enqueue import Enqueue
 from rq.queue.leases import Leases
+from rq.queue.pipes import Pipes
 from rq.queue.recovery import recover
 from rq.queue.state import QueueState
 from rq.sockserve import Rq1Server
@@ -52,6 +52,8 @@ class QueueProcess:
         self.cron = Cron(self.state, self.enqueue.create)  # S9: cron.state.json and firing
         self.stop_requested = threading.Event()
         self.commands = Commands(self.state, self.enqueue, self.leases, self.request_stop)
+        self.pipes = Pipes(self.state, self.loop)   # fd 3 and fd 4 of every job (S6.4, S6.5)
+        self.replies_pending = False
         self.by_pid: dict[int, J.Job] = {}
         self.group_kills: list[tuple[float, int]] = []
         self.stop_kill_at: float | None = None
@@ -117,6 +119,7 @@ class QueueProcess:
         """One pass: wait → signals → register pipes → reap → deadlines → schedule."""
         for sig in self.loop.wait(timeout):
             self.handle_signal(sig)
+        self.replies_pending = self.pipes.flush_replies()
         if self.stop_requested.is_set() and not self.state.stopping:
             self.begin_stop()
         self.spawn_pending()
@@ -141,6 +144,8 @@ class QueueProcess:
                     timeout = min(timeout, max(0.0, at - mono))
             if self.state.stopping and self.group_kills:
                 timeout = min(timeout, 0.1)  # a stop ends as soon as those groups are gone
+            if self.replies_pending:
+                timeout = min(timeout, 0.05)  # a job slow to read fd 4 (S6.5)
             if self.state.to_spawn:
                 timeout = 0.0
             if self.state.unfinished or self.state.retry_soon:
@@ -243,7 +248,7 @@ class QueueProcess:
                 continue
             with self.state.lock:
                 self.by_pid[job.pid] = job
-                self.loop.add_reader(job.up_r, self.on_pipe)
+                self.pipes.open(job)
                 self.state.events.log(job.msg_id, "que", "run", status=job.status,
                                 count=job.fields.get("count"), pid=job.pid)
                 if job.kill_pending:  # destroyed before it was spawned
@@ -266,75 +271,6 @@ class QueueProcess:
         except OSError as exc:
             log.error("cannot record pid of job %s: %s", job.msg_id, exc)
 
-    # ================================================================ pipes (S6.4)
-    def on_pipe(self, fd: int) -> None:
-        with self.state.lock:
-            job = next((j for j in self.state.jobs.values() if j.up_r == fd), None)
-            if job is None:
-                self.loop.remove_reader(fd)
-                return
-            self.read_pipe(job)
-
-    def read_pipe(self, job: J.Job) -> None:
-        """Read what is in the pipe now; process whole lines; close on EOF."""
-        while job.up_r >= 0:
-            try:
-                data = os.read(job.up_r, 65536)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                self.close_pipe(job)
-                return
-            for line in job.buffer.feed(data):
-                self.handle_line(job, line)
-
-    def close_pipe(self, job: J.Job) -> None:
-        if job.up_r >= 0:
-            self.loop.remove_reader(job.up_r)
-            os.close(job.up_r)
-            job.up_r = -1
-        for line in job.buffer.flush():
-            self.handle_line(job, line)
-
-    def handle_line(self, job: J.Job, line: str) -> None:
-        parsed = protocol.parse_pipe_line(line)
-        job.status = parsed.text
-        if parsed.kind in ("done", "err", "relayed"):
-            job.completion = parsed.kind
-        elif parsed.kind == "resend":
-            job.completion = "resend"
-            job.resend_secs = parsed.secs
-            job.fields["count"] = int(job.fields.get("count", 0)) + 1
-            try:
-                self.state.store.write_msg(job.path, job.fields, sync=False)
-            except OSError as exc:
-                log.warning("status update failed: %s", exc)
-        elif parsed.kind == "dup":
-            self.start_dup(job, parsed)
-        elif protocol.is_malformed_dup(parsed):
-            self.reply_to_job(job, "fail malformed dup request")
-        self.state.write_job_status(job, parsed.text)
-
-    def start_dup(self, job: J.Job, parsed: protocol.PipeLine) -> None:
-        fields = dict(job.fields)
-        path = job.path
-
-        def work() -> None:
-            reply = make_dup(self.state.main, self.name, fields, path, parsed.due, parsed.newdest)
-            with self.state.lock:
-                self.reply_to_job(job, reply)
-        threading.Thread(target=work, daemon=True).start()
-
-    def reply_to_job(self, job: J.Job, text: str) -> None:
-        if job.down_w < 0:
-            return
-        try:
-            os.write(job.down_w, (text + "\n").encode())
-        except OSError:
-            pass  # the job is gone or stopped reading
-
     # ================================================================ reaping and deadlines
     def reap(self) -> None:
         for pid, code, core in proc.reap_any():
@@ -343,8 +279,7 @@ class QueueProcess:
                 continue
             job.exited = (code, core)
             job.exit_wall = time.time()
-            self.read_pipe(job)        # what is already in the pipe, no waiting for EOF
-            self.close_pipe(job)
+            self.pipes.drain_at_exit(job)  # what is in the pipe now, no waiting for EOF
             self.finish(job)
 
     def check_deadlines(self, mono: float) -> None:
@@ -392,7 +327,5 @@ class QueueProcess:
                 self.group_kills.append((self.stop_kill_at, job.pid))
         elif job.kill_at is not None or job.timed_out:
             self.group_kills.append((time.monotonic() + self.state.cfg.kill_grace, job.pid))
-        if job.down_w >= 0:
-            os.close(job.down_w)
-            job.down_w = -1
+        self.pipes.close(job)
 
