@@ -78,3 +78,29 @@ def test_every_module_has_a_docstring() -> None:
     for path in RQ.rglob("*.py"):
         doc = ast.get_docstring(ast.parse(path.read_text()))
         assert doc, f"{path.relative_to(REPO)} lacks a module docstring"
+
+
+def absolute_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_nothing_imports_a_top_level_web_package() -> None:
+    """The web/ folder installs as `rq.web` (issue 14): relative imports inside it, `rq.web`
+    everywhere else; a top-level `web` would collide with other distributions."""
+    for top in ("rq", "web", "tests", "bench"):
+        for path in (REPO / top).rglob("*.py"):
+            bad = {m for m in absolute_imports(path) if m == "web" or m.startswith("web.")}
+            assert not bad, f"{path.relative_to(REPO)} imports {bad}"
+
+
+def test_the_engine_does_not_import_the_web() -> None:
+    """Dependencies point one way (STYLE layout): rq.web uses rq, never the reverse."""
+    for path in RQ.rglob("*.py"):
+        bad = {m for m in rq_imports(path) if m == "rq.web" or m.startswith("rq.web.")}
+        assert not bad, f"{path.relative_to(REPO)} imports {bad}"

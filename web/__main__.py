@@ -143,7 +143,7 @@ def listen_socket(addr: str, port: int) -> socket.socket:
 
 def make_server(root: str, config: MainConfig, sock: socket.socket,
                 threads: int) -> BaseWSGIServer:
-    from web import create_app
+    from . import create_app
     app = create_app(root, main=config)
     server: Any = waitress.create_server(
         app, sockets=[sock], threads=threads, connection_limit=CONNECTION_LIMIT,

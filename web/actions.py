@@ -28,9 +28,9 @@ from werkzeug.urls import iri_to_uri
 
 from rq import protocol
 from rq.errors import ConnectError
-from web.backend import Backend
-from web.errors import RQHTTPError, fail
-from web.forms import nested
+from .backend import Backend
+from .errors import RQHTTPError, fail
+from .forms import nested
 
 bp = Blueprint("actions", __name__)
 

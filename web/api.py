@@ -31,9 +31,9 @@ from rq import cron, protocol
 from rq.config import MainConfig, load_queue_config
 from rq.errors import ConfigError, ConnectError
 from rq.store import HASHED, Store
-from web import metrics
-from web.backend import Backend
-from web.errors import fail
+from . import metrics
+from .backend import Backend
+from .errors import fail
 
 bp = Blueprint("api", __name__)
 

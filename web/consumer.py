@@ -14,7 +14,7 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
 
-from web.errors import fail
+from .errors import fail
 
 bp = Blueprint("consumer", __name__)
 

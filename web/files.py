@@ -30,7 +30,7 @@ from werkzeug.http import http_date, parse_date
 
 from rq import protocol
 from rq.store import STATES, Store
-from web.errors import fail
+from .errors import fail
 
 bp = Blueprint("files", __name__)
 

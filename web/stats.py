@@ -27,8 +27,8 @@ from flask import Blueprint, Response, current_app, flash, jsonify, redirect, re
 from markupsafe import Markup
 
 from rq import protocol
-from web import actions, charts, ui
-from web.errors import RQHTTPError, fail
+from . import actions, charts, ui
+from .errors import RQHTTPError, fail
 
 bp = Blueprint("stats", __name__)
 

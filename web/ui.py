@@ -26,9 +26,9 @@ from markupsafe import Markup, escape
 from rq import __version__, message
 from rq.config import MainConfig, load_queue_config
 from rq.errors import ConnectError, RQError
-from web import api
-from web.backend import BUILTIN, Backend
-from web.errors import fail
+from . import api
+from .backend import BUILTIN, Backend
+from .errors import fail
 
 bp = Blueprint("ui", __name__)
 

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 # kind -> module run as `python -m MODULE --root ROOT [--name NAME]`.
 DAEMON_MODULES: dict[str, str] = {
     "queue": "rq.queue",
-    "web": "web",
+    "web": "rq.web",
     "scandir": "rq.scandir",
     "timers": "rq.timers",
 }
