@@ -104,3 +104,17 @@ def test_the_engine_does_not_import_the_web() -> None:
     for path in RQ.rglob("*.py"):
         bad = {m for m in rq_imports(path) if m == "rq.web" or m.startswith("rq.web.")}
         assert not bad, f"{path.relative_to(REPO)} imports {bad}"
+
+
+def test_web_blueprints_do_not_import_each_other() -> None:
+    """Blueprints share view helpers through web/views.py and web/queues.py (STYLE: one copy,
+    like the Flask tutorial's get_db())."""
+    web = REPO / "web"
+    blueprints = {p.stem for p in web.glob("*.py") if "Blueprint(" in p.read_text()}
+    for name in blueprints:
+        tree = ast.parse((web / f"{name}.py").read_text())
+        used = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                used |= {node.module} if node.module else {a.name for a in node.names}
+        assert not used & blueprints, f"web/{name}.py imports {used & blueprints}"

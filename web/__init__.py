@@ -24,6 +24,7 @@ from rq import __version__
 from rq.config import MainConfig, load_main_config
 from . import errors, security
 from .backend import Backend
+from .queues import Counters
 from .wsgi import AccessLog, RootMiddleware
 
 
@@ -66,6 +67,7 @@ def create_app(root: str | None = None, *, main: MainConfig | None = None,
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     app.config.update(overrides or {})
+    app.extensions["rq_counters"] = Counters(main.root)
     errors.install(app)
     security.install(app)
     from . import actions, api, consumer, events, files, stats, ui
