@@ -70,7 +70,7 @@ class WebServer:
     def serve_in_thread(self, root: Path) -> None:
         import waitress
 
-        from web import create_app
+        from rq.web import create_app
         app = create_app(str(root))
         self.server = waitress.create_server(
             app, host=self.main.addr, port=self.main.port, threads=16,

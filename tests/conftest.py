@@ -70,7 +70,7 @@ def mgr_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture
 def app(mgr_root: Path):  # noqa: ANN201 - a flask.Flask
-    from web import create_app
+    from rq.web import create_app
     return create_app(str(mgr_root))
 
 

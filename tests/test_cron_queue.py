@@ -291,7 +291,7 @@ def web_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture
 def web(web_root: Path) -> Any:
-    from web import create_app
+    from rq.web import create_app
     return create_app(str(web_root)).test_client()
 
 

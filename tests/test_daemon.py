@@ -21,7 +21,7 @@ BAD_CONFIG = "bad config file config/config.json: invalid JSON: "
 DAEMONS = [
     ("rq.timers", [], "rq.timers: ", "", "rq-timers"),
     ("rq.scandir", [], "rq.scandir: ", "", "rq-scandir"),
-    ("web", [], "ERROR: ", "ERROR: ", "rq-web"),
+    ("rq.web", [], "ERROR: ", "ERROR: ", "rq-web"),
     ("rq.queue", ["--name", "q"], "rq.queue: ", "", "rq-que q"),
 ]
 

@@ -139,7 +139,7 @@ def test_s8_8_keepalive_comment(site: Path) -> None:
     (15 s in production; shortened here through the app's config)."""
     import base64
 
-    from web import create_app
+    from rq.web import create_app
     app = create_app(str(site), overrides={"RQ_STREAM_KEEPALIVE": 0.3})
     auth = {"Authorization": "Basic " + base64.b64encode(b"watcher:s3cret").decode()}
     resp = app.test_client().get("/therq/events?pattern=nothing.here", headers=auth,

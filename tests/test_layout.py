@@ -177,3 +177,44 @@ def test_no_module_over_500_lines() -> None:
              for path in [*RQ.rglob("*.py"), *(REPO / "web").rglob("*.py")]}
     assert {str(p.relative_to(REPO)): n for p, n in sizes.items() if n > 500} == {}
     assert sizes[RQ / "queue" / "process.py"] < 400
+
+
+
+def absolute_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_nothing_imports_a_top_level_web_package() -> None:
+    """The web/ folder installs as `rq.web` (issue 14): relative imports inside it, `rq.web`
+    everywhere else; a top-level `web` would collide with other distributions."""
+    for top in ("rq", "web", "tests", "bench"):
+        for path in (REPO / top).rglob("*.py"):
+            bad = {m for m in absolute_imports(path) if m == "web" or m.startswith("web.")}
+            assert not bad, f"{path.relative_to(REPO)} imports {bad}"
+
+
+def test_the_engine_does_not_import_the_web() -> None:
+    """Dependencies point one way (STYLE layout): rq.web uses rq, never the reverse."""
+    for path in RQ.rglob("*.py"):
+        bad = {m for m in rq_imports(path) if m == "rq.web" or m.startswith("rq.web.")}
+        assert not bad, f"{path.relative_to(REPO)} imports {bad}"
+
+
+def test_web_blueprints_do_not_import_each_other() -> None:
+    """Blueprints share view helpers through web/views.py and web/queues.py (STYLE: one copy,
+    like the Flask tutorial's get_db())."""
+    web = REPO / "web"
+    blueprints = {p.stem for p in web.glob("*.py") if "Blueprint(" in p.read_text()}
+    for name in blueprints:
+        tree = ast.parse((web / f"{name}.py").read_text())
+        used = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                used |= {node.module} if node.module else {a.name for a in node.names}
+        assert not used & blueprints, f"web/{name}.py imports {used & blueprints}"

@@ -487,7 +487,7 @@ def test_s8_5_basic_auth_applies(site: Site) -> None:
     import dataclasses
 
     from rq.config import load_main_config
-    from web import create_app
+    from rq.web import create_app
     main = dataclasses.replace(load_main_config(str(site.root)),
                                basic_auth={"realm": "rq", "users": {"alice": "s3cret"}})
     web = create_app(main=main).test_client()

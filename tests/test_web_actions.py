@@ -22,8 +22,8 @@ from rq import client as rqclient
 from rq.config import load_main_config
 from rq.errors import ConnectError
 from rqtest import job, make_queue, short_id, wait_for, write_driver
-from web import create_app
-from web.forms import nested, parse_nested, split_name
+from rq.web import create_app
+from rq.web.forms import nested, parse_nested, split_name
 
 DOWN = "503 - Service Unavailable - Operationally Down"
 HOST = "http://localhost"

@@ -134,7 +134,7 @@ def test_q_txt_lists_every_queue_sorted(client: Any, mgr_root: Path) -> None:
 
 
 def test_q_txt_with_relative_root(mgr_root: Path) -> None:
-    from web import create_app
+    from rq.web import create_app
     main = dataclasses.replace(load_main_config(str(mgr_root)), relative_root="/therq/")
     c = create_app(main=main).test_client()
     text = get_text(c, "/therq/q.txt")

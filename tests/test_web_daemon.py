@@ -450,7 +450,7 @@ def test_open_stream_does_not_hold_up_the_stop(own_root: Path, tmp_path: Path) -
 def test_web_runs_by_hand_and_stops_on_sigterm(own_root: Path) -> None:
     """A program you can run by hand (STYLE habit 8): no pipes, log copied to stderr."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "web", "--root", str(own_root)],
+    proc = subprocess.Popen([sys.executable, "-m", "rq.web", "--root", str(own_root)],
                             cwd=str(own_root), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:

@@ -208,7 +208,7 @@ def _pings(root: Path, name: str) -> bool:
 
 @pytest.fixture
 def app(mgr_root: Path):  # noqa: ANN201 - a flask.Flask
-    from web import create_app
+    from rq.web import create_app
     app = create_app(str(mgr_root))
     app.config["RQ_STREAM_KEEPALIVE"] = KEEPALIVE
     return app
@@ -685,7 +685,7 @@ def test_files_under_a_relative_root(mgr_root: Path, logged: tuple[str, bytes]) 
     import dataclasses
 
     from rq.config import load_main_config
-    from web import create_app
+    from rq.web import create_app
     main = dataclasses.replace(load_main_config(str(mgr_root)), relative_root="/therq/")
     prefixed = create_app(main=main).test_client()
     msg_id, data = logged

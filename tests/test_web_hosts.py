@@ -15,7 +15,7 @@ import pytest
 from rqtest import wait_for
 from webtest import Mgr, build_root
 
-from web.security import host_allowed, host_name
+from rq.web.security import host_allowed, host_name
 
 KNOWN = ("rq.example.com", "127.0.0.1", "alias.internal", ".corp.example")
 

@@ -13,7 +13,7 @@ from rq import client as rq_client
 from rq.events import encode_event
 from rqtest import STATES, wait_for, write_script
 from test_web_api import mgr, new_queue, plant, start, wait_child
-from web import metrics
+from rq.web import metrics
 
 SAMPLE_RE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)")
 LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="')
@@ -212,7 +212,7 @@ def test_fatal_queue_and_oldest_due_from_disk(client: Any, mgr_root: Path) -> No
 
 
 def test_rq_up_zero_when_the_manager_is_down(tmp_path: Path) -> None:
-    from web import create_app
+    from rq.web import create_app
     from webtest import build_root
     root = build_root(tmp_path)
     c = create_app(str(root)).test_client()

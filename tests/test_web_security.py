@@ -46,8 +46,8 @@ from rq import protocol
 from rq.config import load_main_config
 from rq.errors import ConnectError, Fail
 from rq.store import Store, check_attachment_name
-from web import create_app
-from web.wsgi import normalize_path
+from rq.web import create_app
+from rq.web.wsgi import normalize_path
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -28,7 +28,7 @@ from rq import client as rqclient
 from rq.config import load_main_config
 from rq.errors import ConnectError
 from rqtest import short_id, wait_for
-from web import charts, create_app, stats
+from rq.web import charts, create_app, stats
 
 HOUR = 1_763_776_800  # 2025-11-22 02:00:00 UTC, the start of an hour
 XSS = '<img src=/xss-probe onerror="window.__xss=1">'

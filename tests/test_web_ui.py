@@ -227,8 +227,8 @@ def test_dashboard_operational_line_and_manager_spans(client: Any) -> None:
 
 
 def test_dashboard_version_mismatch_in_red(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import web.ui
-    monkeypatch.setattr(web.ui, "__version__", "0.0.0-other")
+    import rq.web.ui
+    monkeypatch.setattr(rq.web.ui, "__version__", "0.0.0-other")
     _, doc = page(client, "/")
     version = doc.by_id("version")
     assert "red" in version.classes and __version__ in version.text
@@ -329,7 +329,7 @@ def test_dashboard_scripts_are_local(client: Any) -> None:
 
 
 def test_queue_creation_not_allowed(mgr_root: Path) -> None:
-    from web import create_app
+    from rq.web import create_app
     main = dataclasses.replace(load_main_config(str(mgr_root)), allow_new_queue=False)
     closed = create_app(main=main).test_client()
     body, doc = page(closed, "/")
@@ -705,7 +705,7 @@ def test_flash_is_shown_and_escaped_on_pages(client: Any) -> None:
 
 
 def test_pages_under_a_relative_root(mgr_root: Path) -> None:
-    from web import create_app
+    from rq.web import create_app
     main = dataclasses.replace(load_main_config(str(mgr_root)), relative_root="/therq/")
     prefixed = create_app(main=main).test_client()
     _, doc = page(prefixed, "/therq/")
@@ -748,12 +748,12 @@ def test_queue_that_is_not_running(client: Any, mgr_root: Path) -> None:
                                             (125, "2 min 5 s"), (3600, "1 h"),
                                             (7384, "2 h 3 min"), (90000, "1 d 1 h")])
 def test_duration_filter(secs: int | None, text: str) -> None:
-    from web.ui import duration
+    from rq.web.ui import duration
     assert duration(secs) == text
 
 
 @pytest.mark.parametrize(("size", "text"), [(0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"),
                                             (5 * 1024 ** 2, "5.0 MiB"), (None, "–")])
 def test_bytes_filter(size: int | None, text: str) -> None:
-    from web.ui import human_bytes
+    from rq.web.ui import human_bytes
     assert human_bytes(size) == text

@@ -1,11 +1,14 @@
 """The RQ web dashboard and REST API (SPEC S14–S18): a Flask application.
 
 `create_app(root)` builds the app for one RQ root (config read at the edge and
-frozen); `python -m web --root ROOT` serves it with waitress, supervised by
-rq-mgr.  Blueprints: `api` (read-only JSON and text routes, metrics), `actions`
-(every POST route: messages, attachments, admin operations, queues), `files`
-(logs and attachments with Range, the log stream, tail views), `ui` (HTML
-pages) and `stats` (the analytics Stats pages, issue 5).
+frozen); `python -m rq.web --root ROOT` serves it with waitress, supervised by
+rq-mgr.  The folder is the repository's top-level web/, installed as the package
+`rq.web` (pyproject.toml), so imports inside it are relative.
+
+Blueprints: `api` (read-only JSON and text routes, metrics), `actions` (every
+POST route: messages, attachments, admin operations, queues), `files` (logs and
+attachments with Range, the log stream, tail views), `ui` (HTML pages) and
+`stats` (the analytics Stats pages, issue 5).
 Every change goes through the owning queue process or the manager.
 """
 
@@ -19,9 +22,10 @@ from flask.sessions import SecureCookieSessionInterface
 
 from rq import __version__
 from rq.config import MainConfig, load_main_config
-from web import errors, security
-from web.backend import Backend
-from web.wsgi import AccessLog, RootMiddleware
+from . import errors, security
+from .backend import Backend
+from .queues import Counters
+from .wsgi import AccessLog, RootMiddleware
 
 
 class FrozenKeySessionInterface(SecureCookieSessionInterface):
@@ -63,9 +67,10 @@ def create_app(root: str | None = None, *, main: MainConfig | None = None,
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     app.config.update(overrides or {})
+    app.extensions["rq_counters"] = Counters(main.root)
     errors.install(app)
     security.install(app)
-    from web import actions, api, consumer, events, files, stats, ui
+    from . import actions, api, consumer, events, files, stats, ui
     for blueprint in (api.bp, actions.bp, files.bp, ui.bp, stats.bp, events.bp, consumer.bp):
         app.register_blueprint(blueprint)
 

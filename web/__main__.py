@@ -1,4 +1,4 @@
-"""The `rq-web` daemon: `python -m web --root ROOT [--lifeline-fd F --ready-fd F]`
+"""The `rq-web` daemon: `python -m rq.web --root ROOT [--lifeline-fd F --ready-fd F]`
 (SPEC S2.1, S2.2 step 4, S14.1), a program you can run by hand and that rq-mgr
 supervises.
 
@@ -8,7 +8,7 @@ waitress, and the child side of supervision: `ready` / `fatal ERROR: cannot
 listen on <addr>:<port>: <reason>` (exit 2) on the ready pipe, stop on
 SIGTERM/SIGINT or on EOF of the lifeline (the manager died, S2.1 fix).
 rq.daemon does the program edge: the process title `[rq-web]`, logging to
-log/queuemgr.log (role `rq-web`; the access log comes from web.wsgi.AccessLog),
+log/queuemgr.log (role `rq-web`; the access log comes from rq.web.wsgi.AccessLog),
 the main config and the `fatal ERROR: ...` lines of the other start-up errors.
 
 Threads: waitress's own select loop runs in a thread of its own and hands each
@@ -18,7 +18,7 @@ thread runs rq.loop.Loop: signal handlers only wake it (STYLE habit 4).
 Waitress flushes every chunk an app yields at once (its `send_bytes` is 1),
 and answers `Expect: 100-continue` with an interim `100 Continue` as soon as
 the headers are parsed, before the body is read; other `Expect` values get 417
-from web.wsgi.
+from rq.web.wsgi.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def serve(ctx: Context) -> int:
     return WebDaemon(server, ctx.lifeline_fd, ctx.ready).run()
 
 
-SPEC = DaemonSpec(prog="python -m web", logger="rq.web", role="rq-web", title="[rq-web]",
+SPEC = DaemonSpec(prog="python -m rq.web", logger="rq.web", role="rq-web", title="[rq-web]",
                   serve=serve, options=(("--threads", {"type": int, "default": THREADS}),),
                   fatal_text="ERROR: {reason}", stderr_text="{line}")
 
@@ -122,7 +122,7 @@ def listen_socket(addr: str, port: int) -> socket.socket:
 
 def make_server(root: str, config: MainConfig, sock: socket.socket,
                 threads: int) -> BaseWSGIServer:
-    from web import create_app
+    from . import create_app
     app = create_app(root, main=config)
     server: Any = waitress.create_server(
         app, sockets=[sock], threads=threads, connection_limit=CONNECTION_LIMIT,

@@ -18,26 +18,24 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
-from urllib.parse import quote
 
 from flask import (Blueprint, Response, current_app, flash, jsonify, redirect,
                    render_template_string, request)
 from markupsafe import Markup
 from werkzeug.datastructures import FileStorage
-from werkzeug.urls import iri_to_uri
 
 from rq import protocol
-from rq.errors import ConnectError
-from web.backend import Backend
-from web.errors import RQHTTPError, fail
-from web.forms import nested
+
+from .errors import RQHTTPError, fail
+from .forms import nested
+from .views import (ask_mgr, ask_queue, back_or, is_ok, page_url, read_json_file,
+                    reject_constant, require_message, require_queue, require_queue_creation,
+                    safe_back, text_response, wants_reply)
 
 bp = Blueprint("actions", __name__)
 
-DOWN = "Service Unavailable - Operationally Down"
 MGR_FLASH = Markup("We got <code>{}</code> from form, and <code>{}</code> from QueueMgr")
 MAX_FIELD_BYTES = protocol.MAX_FRAME  # a message (>= 1 MiB, S4.4) may be one multipart field
-MAX_CONFIG_BYTES = 16 * 1024 * 1024
 ATTACH_TIMEOUT = 600.0  # the queue copies an upload that is on another filesystem (S4.8)
 ADMIN_OPS = (("pause", "paused"), ("resume", "resumed"), ("down", "downed"), ("up", "upped"))
 OPTIONAL_QUEUE_KEYS = ("num_workers", "timeout", "kill_grace", "mode", "topic", "lease_timeout")
@@ -185,7 +183,7 @@ def attach_new(name: str, msg_id: str) -> Any:
     if wants_reply():
         return jsonify(reply)
     if not is_ok(reply):
-        return plain_text(f"Commit {name}/{msg_id} got {protocol.dumps(reply)}")
+        return text_response(f"Commit {name}/{msg_id} got {protocol.dumps(reply)}")
     flash("Attached message successfully")
     return redirect(page_url("q", name, msg_id), 303)
 
@@ -202,7 +200,7 @@ def attach_delete(name: str, msg_id: str, attname: str) -> Any:
     if wants_reply():
         return jsonify(reply)
     if not is_ok(reply):
-        return plain_text(f"Delete of attach {attname} on {name}/{msg_id} got "
+        return text_response(f"Delete of attach {attname} on {name}/{msg_id} got "
                           f"{protocol.dumps(reply)}")
     flash("Attachment deleted successfully")
     return redirect(page_url("q", name, msg_id), 303)
@@ -329,70 +327,8 @@ def upload_dir() -> str:
 # ---------------------------------------------------------------- helpers
 
 
-def backend() -> Backend:
-    return current_app.config["RQ_BACKEND"]  # type: ignore[no-any-return]
-
-
-def require_queue_creation() -> None:
-    if not current_app.config["RQ_MAIN"].allow_new_queue:
-        fail(403, "Queue creation not allowed at this time.")
-
-
-def require_queue(name: str) -> None:
-    if not backend().queue_exists(name):  # checks the name before building a path
-        fail(404, "Queue not found")
-
-
-def require_message(name: str, msg_id: str) -> None:
-    require_queue(name)
-    if not protocol.valid_msg_id(msg_id):
-        fail(404, "Message ID not found")
-
-
-def ask_mgr(cmd: str, arg: Any, *, raw: bool = True) -> Any:
-    reply = backend().mgr(cmd, arg, raw=raw)
-    if reply is None:
-        fail(503, "QueueMgr not running")
-    return reply
-
-
-def ask_queue(name: str, cmd: str, arg: Any, timeout: float = 60.0) -> Any:
-    """The queue's reply to a message command; 503 while the queue is DOWN
-    (its flag file, S3.5, or its own answer) or when its process does not answer."""
-    if os.path.lexists(os.path.join(backend().root, "config", f"{name}.down")):
-        fail(503, DOWN)
-    try:
-        reply = backend().queue(name, cmd, arg, timeout=timeout)
-    except ConnectError:
-        fail(503, "Queue not running")
-    if reply == ["fail", "status: DOWN"]:
-        fail(503, DOWN)
-    return reply
-
-
-def read_json_file(path: str) -> Any:
-    """The JSON in a regular file (absolute, or relative to the root), or None."""
-    full = os.path.join(backend().root, path)
-    if not path or not os.path.isfile(full):  # no FIFOs or devices: they could block
-        return None
-    try:
-        with open(full, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-        return None if len(data) > MAX_CONFIG_BYTES else json.loads(data)
-    except (OSError, ValueError, RecursionError):
-        return None
-
-
 def flash_mgr(form: Any, reply: Any) -> None:
     flash(MGR_FLASH.format(protocol.dumps(form), protocol.dumps(reply)))
-
-
-def is_ok(reply: Any) -> bool:
-    return isinstance(reply, list) and reply[:1] == ["ok"]
-
-
-def wants_reply() -> bool:
-    return request.values.get("x_format") == "json"
 
 
 def json_error(exc: RQHTTPError) -> Response:
@@ -401,32 +337,5 @@ def json_error(exc: RQHTTPError) -> Response:
     return resp
 
 
-def plain_text(text: str) -> Response:
-    return Response(text, mimetype="text/plain")
-
-
 def text_or_empty(value: Any) -> str:
     return value if isinstance(value, str) else ""
-
-
-def reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not plain JSON")  # S0.3.5: no NaN/Infinity
-
-
-def page_url(*parts: str) -> str:
-    """Absolute URL of ROOT + the parts, each URL-encoded (ROOT is in SCRIPT_NAME)."""
-    return request.url_root + "/".join(quote(part, safe="") for part in parts)
-
-
-def safe_back() -> str | None:
-    """`back` as an absolute URL when it is a path on this server (S14.10)."""
-    back = request.values.get("back")
-    if not back or not back.startswith("/") or back.startswith("//"):
-        return None
-    if "\\" in back or not back.isprintable():  # browsers read "/\host" as "//host"
-        return None
-    return request.host_url.rstrip("/") + iri_to_uri(back)
-
-
-def back_or(default: str) -> str:
-    return safe_back() or default

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, jsonify, request
 
-from web.errors import fail
+from .errors import fail
+from .views import ask_mgr
 
 bp = Blueprint("consumer", __name__)
 
@@ -58,10 +59,7 @@ def wait_of(data: dict[str, Any]) -> float:
 def forward(cmd: str) -> Response:
     data = request_body(cmd)
     timeout = wait_of(data) + MGR_SLACK if cmd == "reserve" else MGR_SLACK
-    reply = current_app.config["RQ_BACKEND"].mgr(cmd, data, timeout=timeout)
-    if reply is None:
-        fail(503, "QueueMgr not running")
-    return jsonify(reply)
+    return jsonify(ask_mgr(cmd, data, raw=False, timeout=timeout))
 
 
 @bp.post("/consumer/reserve")

@@ -23,7 +23,7 @@ from flask import Blueprint, Response, current_app, request
 
 from rq import client, topics
 from rq.errors import ConnectError, Fail
-from web.errors import fail
+from .errors import fail
 
 bp = Blueprint("events", __name__)
 

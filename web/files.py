@@ -30,7 +30,9 @@ from werkzeug.http import http_date, parse_date
 
 from rq import protocol
 from rq.store import STATES, Store
-from web.errors import fail
+
+from .errors import fail
+from .views import backend, require_not_down, require_queue
 
 bp = Blueprint("files", __name__)
 
@@ -59,19 +61,19 @@ class Located:
 
 @bp.route("/q/<name>/<msg_id>/log/<logname>")
 def log_file(name: str, msg_id: str, logname: str) -> Response:
-    fd = open_message_file(find_message(name, msg_id), "job", logname, LOG_MISSING)
+    fd = open_message_file(locate_message(name, msg_id), "job", logname, LOG_MISSING)
     return serve_file(fd, log_content_type(logname))
 
 
 @bp.route("/q/<name>/<msg_id>/attach/<attname>", methods=["GET"])
 def attachment(name: str, msg_id: str, attname: str) -> Response:
-    fd = open_message_file(find_message(name, msg_id), "attach", attname, ATTACH_MISSING)
+    fd = open_message_file(locate_message(name, msg_id), "attach", attname, ATTACH_MISSING)
     return serve_file(fd, mimetypes.guess_type(attname)[0] or "application/octet-stream")
 
 
 @bp.route("/q/<name>/<msg_id>/logstream/<logname>")
 def log_stream(name: str, msg_id: str, logname: str) -> Response:
-    found = find_message(name, msg_id)
+    found = locate_message(name, msg_id)
     offset = stream_offset()
     fd = open_message_file(found, "job", logname, LOG_MISSING)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -87,7 +89,7 @@ def log_stream(name: str, msg_id: str, logname: str) -> Response:
 
 @bp.route("/q/<name>/<msg_id>/tailview/<attname>")
 def tail_attachment(name: str, msg_id: str, attname: str) -> str:
-    found = find_message(name, msg_id)
+    found = locate_message(name, msg_id)
     if not plain_name(attname):
         fail(404, ATTACH_MISSING.format(attname))
     src = url_for("files.attachment", name=name, msg_id=msg_id, attname=attname)
@@ -96,7 +98,7 @@ def tail_attachment(name: str, msg_id: str, attname: str) -> str:
 
 @bp.route("/q/<name>/<msg_id>/tailviewlog/<logname>")
 def tail_log(name: str, msg_id: str, logname: str) -> str:
-    found = find_message(name, msg_id)
+    found = locate_message(name, msg_id)
     if not plain_name(logname):
         fail(404, LOG_MISSING.format(logname))
     src = url_for("files.log_file", name=name, msg_id=msg_id, logname=logname)
@@ -113,14 +115,11 @@ def render_tail(found: Located, fname: str, src: str, stream: str | None) -> str
 
 # ---------------------------------------------------------------- finding the file
 
-def find_message(name: str, msg_id: str) -> Located:
+def locate_message(name: str, msg_id: str) -> Located:
     """The message, or the S15 error: unknown queue, DOWN queue, missing message."""
-    backend = current_app.config["RQ_BACKEND"]
-    if not backend.queue_exists(name):
-        fail(404, "Queue not found")
-    if os.path.exists(os.path.join(backend.root, "config", f"{name}.down")):  # S3.5
-        fail(503, "Service Unavailable - Operationally Down")
-    store = backend.store(name)
+    require_queue(name)
+    require_not_down(name)  # S3.5
+    store = backend().store(name)
     found = store.locate(msg_id) if protocol.valid_msg_id(msg_id) else None
     if found is None:
         fail(404, "Message ID not found")

@@ -21,7 +21,7 @@ from typing import Any
 
 from flask import Flask, current_app, request
 
-from web.errors import fail
+from .errors import fail
 
 
 def host_name(header: str) -> str:

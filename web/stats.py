@@ -23,12 +23,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from flask import Blueprint, Response, current_app, flash, jsonify, redirect, render_template
+from flask import Blueprint, Response, flash, jsonify, redirect, render_template
 from markupsafe import Markup
 
 from rq import protocol
-from web import actions, charts, ui
-from web.errors import RQHTTPError, fail
+
+from . import charts
+from .errors import RQHTTPError, fail
+from .views import (ask_queue, back_or, backend, is_ok, main_config, page_url, queue_url,
+                    reject_constant, root_url, wants_reply)
 
 bp = Blueprint("stats", __name__)
 
@@ -61,7 +64,7 @@ def output_dir(root: str) -> str:
     return os.path.join(root, "analytics")
 
 
-def read_json(path: str) -> Any:
+def read_result_file(path: str) -> Any:
     """The JSON in `path`; ResultError with a one-line reason otherwise."""
     name = os.path.basename(path)
     try:
@@ -74,7 +77,7 @@ def read_json(path: str) -> Any:
     if len(data) > MAX_RESULT_BYTES:
         raise ResultError(f"{name} is larger than {MAX_RESULT_BYTES // (1024 * 1024)} MiB")
     try:
-        return json.loads(data, parse_constant=actions.reject_constant)
+        return json.loads(data, parse_constant=reject_constant)
     except (ValueError, RecursionError):
         raise ResultError(f"{name} is not valid JSON") from None
 
@@ -87,7 +90,7 @@ def load_result(root: str) -> Result | None:
     run_dir = os.path.realpath(current)  # resolved once: a new run may be published meanwhile
     if not os.path.isdir(run_dir):
         raise ResultError("analytics/current does not point to a run directory")
-    summary = read_json(os.path.join(run_dir, "summary.json"))
+    summary = read_result_file(os.path.join(run_dir, "summary.json"))
     if not isinstance(summary, dict):
         raise ResultError("summary.json is not a JSON object")
     if summary.get("version") != RESULT_VERSION:
@@ -98,7 +101,7 @@ def load_result(root: str) -> Result | None:
         problems.append("summary.json lacks its \"total\" or \"queues\" part")
     hourly: list[dict[str, Any]] | None = None
     try:
-        rows = read_json(os.path.join(run_dir, "hourly.json"))
+        rows = read_result_file(os.path.join(run_dir, "hourly.json"))
         if not isinstance(rows, list):
             raise ResultError("hourly.json is not a JSON list")
         hourly = [r for r in rows if isinstance(r, dict)]
@@ -247,17 +250,13 @@ def queue_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------- views
 
-def root() -> str:
-    return current_app.config["RQ_MAIN"].root  # type: ignore[no-any-return]
-
-
 def render_stats(queue: str | None) -> str:
     """The page for all queues (queue None) or one queue, in every result state."""
-    page = f"{ui.queue_url(queue)}/stats" if queue is not None else f"{ui.root_url()}stats"
+    page = f"{queue_url(queue)}/stats" if queue is not None else f"{root_url()}stats"
     values: dict[str, Any] = {"queue": queue, "fmt": FORMATS, "result": None, "error": None,
                               "missing_queue": False, "page_url": page}
     try:
-        result = load_result(root())
+        result = load_result(main_config().root)
     except ResultError as exc:
         values["error"] = str(exc)
         result = None
@@ -287,7 +286,7 @@ def stats_page() -> str:
 def queue_stats_page(name: str) -> str:
     if not protocol.valid_queue_name(name):
         fail(404, "Queue not found")
-    if not actions.backend().queue_exists(name) and not queue_in_result(name):
+    if not backend().queue_exists(name) and not queue_in_result(name):
         fail(404, "Queue not found")
     return render_stats(name)
 
@@ -295,7 +294,7 @@ def queue_stats_page(name: str) -> str:
 def queue_in_result(name: str) -> bool:
     """A deleted queue's numbers stay viewable while the result holds them."""
     try:
-        result = load_result(root())
+        result = load_result(main_config().root)
     except ResultError:
         return False
     return result is not None and name in mapping(result.summary.get("queues"))
@@ -304,7 +303,7 @@ def queue_in_result(name: str) -> bool:
 @bp.get("/stats.json")
 def stats_json() -> Response:
     try:
-        result = load_result(root())
+        result = load_result(main_config().root)
     except ResultError as exc:
         fail(500, f"Analytics result unreadable: {exc}")
     if result is None:
@@ -315,18 +314,18 @@ def stats_json() -> Response:
 @bp.post("/stats/run")
 def run_analytics() -> Any:
     """Queue a fresh run: one message on the `analytics` queue, whose script runs the job."""
-    back = actions.back_or(actions.page_url("stats"))
-    if not actions.backend().queue_exists(ANALYTICS_QUEUE):
+    back = back_or(page_url("stats"))
+    if not backend().queue_exists(ANALYTICS_QUEUE):
         return refused(404, f"No '{ANALYTICS_QUEUE}' queue: create it to run analytics from "
                             "here, or run `rq analytics` on the host", back)
     try:
-        reply = actions.ask_queue(ANALYTICS_QUEUE, "create_message",
+        reply = ask_queue(ANALYTICS_QUEUE, "create_message",
                                   {"dest": ANALYTICS_QUEUE, "src": "web-stats"})
     except RQHTTPError as exc:
         return refused(exc.code or 503, f"Couldn't queue an analytics run: {exc.text}", back)
-    if actions.wants_reply():
+    if wants_reply():
         return jsonify(reply)
-    if actions.is_ok(reply):
+    if is_ok(reply):
         flash(f"Analytics run queued as message {reply[1] if len(reply) > 1 else ''}")
     else:
         flash(f"Couldn't queue an analytics run: {protocol.dumps(reply)}", "error")
@@ -334,7 +333,7 @@ def run_analytics() -> Any:
 
 
 def refused(code: int, reason: str, back: str) -> Any:
-    if actions.wants_reply():
+    if wants_reply():
         fail(code, reason)
     flash(reason, "error")
     return redirect(back, 303)

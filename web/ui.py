@@ -7,7 +7,8 @@ read-only look at the store and config files) and render a template.  Nothing
 here changes state: every button posts to a route of web.actions, by plain
 path under ROOT.  Pages are complete without JavaScript; static/dashboard.js
 and static/queue.js keep them fresh from the JSON routes of web.api and
-render times relative to now.
+render times relative to now.  What they show about queues is gathered by
+web.queues, shared with the JSON routes.
 """
 
 from __future__ import annotations
@@ -18,22 +19,23 @@ import os
 import re
 import time
 from typing import Any
-from urllib.parse import quote
 
-from flask import Blueprint, current_app, render_template, request
+from flask import Blueprint, render_template
 from markupsafe import Markup, escape
 
 from rq import __version__, message
-from rq.config import MainConfig, load_queue_config
-from rq.errors import ConnectError, RQError
-from web import api
-from web.backend import BUILTIN, Backend
-from web.errors import fail
+from rq.config import load_queue_config
+from rq.errors import RQError
+
+from . import queues
+from .backend import BUILTIN
+from .errors import fail
+from .views import (backend, first, flag, main_config, queue_url, read_int_file,
+                    require_queue, require_queue_creation, root_url)
 
 bp = Blueprint("ui", __name__)
 
 STATES = ("prep", "que", "run", "err", "done", "relayed")
-QUEUE_TIMEOUT = 10.0     # a page never waits long for one slow queue process
 LIST_LIMIT = 100         # entries per state on the queue page (as q/NAME.json)
 SUMMARY_KEYS = ("msg_id", "count", "max_count", "param1", "param2", "param3", "param4",
                 "post_run_webhook", "orig_msg_id", "cloned_from", "dups", "dup",
@@ -54,46 +56,14 @@ FORM_FIELDS: tuple[tuple[str, str, str | None], ...] = (
 )
 
 
-# ------------------------------------------------------------------ helpers
-
-def backend() -> Backend:
-    return current_app.config["RQ_BACKEND"]  # type: ignore[no-any-return]
-
-
-def main_config() -> MainConfig:
-    return current_app.config["RQ_MAIN"]  # type: ignore[no-any-return]
-
-
-def root_url() -> str:
-    """ROOT as the browser sees it (the prefix sits in SCRIPT_NAME)."""
-    return request.script_root + "/"
-
-
-def queue_url(name: str) -> str:
-    return f"{root_url()}q/{quote(name, safe='')}"
-
-
-def flag(name: str, suffix: str) -> bool:
-    """The admin flag file config/NAME.<suffix> (S3.5)."""
-    return os.path.exists(os.path.join(main_config().root, "config", f"{name}.{suffix}"))
-
-
-def ask_queue(name: str, cmd: str, arg: Any = None) -> Any:
-    """The queue's reply, or None when its process does not answer."""
-    try:
-        return backend().queue(name, cmd, arg, timeout=QUEUE_TIMEOUT)
-    except (ConnectError, OSError):
-        return None
-
-
 # ------------------------------------------------------------------ gathering
 
 def manager_info() -> dict[str, Any]:
     """The manager part of S15.1 (the security hook has already seen it answer)."""
     b = backend()
     return {"status": "OPERATIONAL", "ping": "pong",
-            "pid": api.read_int_file(os.path.join(b.root, "config", "queuemgr.pid")),
-            "uptime": api.first(b.mgr("uptime")), "version": api.first(b.mgr("version")),
+            "pid": read_int_file(os.path.join(b.root, "config", "queuemgr.pid")),
+            "uptime": first(b.mgr("uptime")), "version": first(b.mgr("version")),
             "time": int(time.time())}
 
 
@@ -103,31 +73,26 @@ def state_lists(name: str, running: bool, limit: int) -> dict[str, list[dict[str
     store = backend().store(name)
     lists: dict[str, list[dict[str, Any]]] = {}
     for state in STATES:
-        reply = ask_queue(name, "messages", {"state": state, "limit": limit}) if running else None
+        reply = queues.ask_or_none(name, "messages", {"state": state, "limit": limit}) \
+            if running else None
         if isinstance(reply, list) and all(isinstance(e, dict) for e in reply):
             lists[state] = reply
         else:
-            ids = itertools.islice(api.ids_in(name, store, state), limit)
+            ids = itertools.islice(queues.ids_in(name, store, state), limit)
             lists[state] = [{"msg_id": i} for i in ids]
     return lists
 
 
-def schedule_view(name: str, now: float) -> list[dict[str, Any]]:
+def queue_schedule(name: str, now: float) -> list[dict[str, Any]]:
     """S9.4 entries (cron, id, next, last, tz, params) of the queue's valid schedule."""
     try:
         config, _ = load_queue_config(main_config().root, name)
     except (RQError, OSError, ValueError):
         return []
-    entries = api.schedule_view(name, [dict(e) for e in config.schedule], now)
+    entries = queues.schedule_view(name, [dict(e) for e in config.schedule], now)
     for entry in entries:
-        entry["params"] = {k: entry[k] for k in api.PARAMS if entry.get(k) is not None}
+        entry["params"] = {k: entry[k] for k in queues.PARAMS if entry.get(k) is not None}
     return entries
-
-
-def timer_list() -> list[dict[str, Any]]:
-    listed = api.ok_payload(backend().mgr("timers"), list) or []
-    return [api.timer_entry(str(t[0]), t[1]) for t in listed
-            if isinstance(t, list) and len(t) == 2]
 
 
 def load_overrides(name: str) -> dict[str, Any]:
@@ -266,32 +231,31 @@ def id_epoch(msg_id: Any) -> float | None:
 @bp.get("/")
 def dashboard() -> str:
     now = time.time()
-    sup = api.supervision()
-    queues = [api.queue_entry(n, sup) for n in backend().queue_names()]
-    for q in queues:
-        q["schedule"] = schedule_view(q["name"], now)
+    sup = queues.supervision()
+    entries = [queues.queue_entry(n, sup) for n in backend().queue_names()]
+    for q in entries:
+        q["schedule"] = queue_schedule(q["name"], now)
         q["paused"], q["down"] = flag(q["name"], "pause"), flag(q["name"], "down")
     mgr = manager_info()
     return render_template(
         "dashboard.html", mgr=mgr, version_ok=mgr["version"] == __version__,
-        custom=[q for q in queues if q["name"] not in BUILTIN],
-        builtin=[q for q in queues if q["name"] in BUILTIN],
-        timers=timer_list(), allow_new_queue=main_config().allow_new_queue)
+        custom=[q for q in entries if q["name"] not in BUILTIN],
+        builtin=[q for q in entries if q["name"] in BUILTIN],
+        timers=queues.timer_list(), allow_new_queue=main_config().allow_new_queue)
 
 
 @bp.get("/new_queue")
 def new_queue() -> str:
-    if not main_config().allow_new_queue:
-        fail(403, "Queue creation not allowed at this time.")
+    require_queue_creation()
     return render_template("new_queue.html")
 
 
 @bp.get("/q/<name>")
 def queue_page(name: str) -> str:
-    api.require_queue(name)
-    q = api.queue_entry(name, api.supervision())
+    require_queue(name)
+    q = queues.queue_entry(name, queues.supervision())
     q["paused"], q["down"] = flag(name, "pause"), flag(name, "down")
-    q["schedule"] = schedule_view(name, time.time())  # S9.4 entries with Run Now
+    q["schedule"] = queue_schedule(name, time.time())  # S9.4 entries with Run Now
     lists = state_lists(name, q["ping"] == "pong", LIST_LIMIT)
     return render_template("queue.html", q=q, lists=lists, config_text=config_text(name),
                            limit=LIST_LIMIT)
@@ -312,7 +276,7 @@ def config_text(name: str) -> str:
 
 @bp.get("/q/<name>/new_message")
 def new_message(name: str) -> str:
-    api.require_queue(name)
+    require_queue(name)
     fields = form_fields(load_overrides(name))
     dest = f"{main_config().relative_root}q/{name}"
     return render_template("new_message.html", name=name, fields=fields, dest=dest)
@@ -320,7 +284,7 @@ def new_message(name: str) -> str:
 
 @bp.get("/q/<name>/<msg_id>")
 def message_page(name: str, msg_id: str) -> str:
-    msg = api.find_message(name, msg_id)  # 404 (queue, message) or 503 (DOWN queue)
+    msg = queues.find_message(name, msg_id)  # 404 (queue, message) or 503 (DOWN queue)
     template = "prep_message.html" if msg["state"] == "prep" else "message.html"
     return render_template(template, name=name, msg_id=msg_id, msg=msg,
                            rows=summary_rows(name, msg), attachments=msg.get("_attachments") or {},

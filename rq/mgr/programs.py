@@ -17,7 +17,7 @@ from rq.config import MainConfig
 # kind -> module run as `python -m MODULE --root ROOT [--name NAME]`.
 DAEMON_MODULES: dict[str, str] = {
     "queue": "rq.queue",
-    "web": "web",
+    "web": "rq.web",
     "scandir": "rq.scandir",
     "timers": "rq.timers",
 }
