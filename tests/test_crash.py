@@ -1,6 +1,8 @@
-"""Crash test (1) of issue 2: 1,000 messages through a 2-worker queue while a
-seeded random schedule SIGKILLs the queue process, rq-mgr and jobs (at least
-20 kills).  Afterwards, checked against a ledger the queue script keeps:
+"""Crash test (1) of issue 2, at scale for issue 13 part 7: messages (1,000 by
+default; RQ_CRASH_MESSAGES) created over the queue socket and, a quarter of
+them, over HTTP, through a 2-worker queue while a seeded random schedule
+SIGKILLs the queue process, rq-mgr, rq-web and jobs (at least 20 kills;
+RQ_CRASH_KILLS).  Afterwards, checked against a ledger the queue script keeps:
 
 * every acknowledged message is in exactly one state (`rq fsck`, crash test 3)
   and none is lost;
@@ -15,6 +17,7 @@ seeded random schedule SIGKILLs the queue process, rq-mgr and jobs (at least
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -28,9 +31,11 @@ from rq import client
 from rq.errors import RQError
 from rq.fsck import check_root
 from rqtest import REPO, free_port, make_queue, make_root, read_events, wait_for, write_script
+from webtest import web_pid
 
-N_MESSAGES = 1000
-MIN_KILLS = 20
+N_MESSAGES = int(os.environ.get("RQ_CRASH_MESSAGES", "1000"))
+MIN_KILLS = int(os.environ.get("RQ_CRASH_KILLS", "20"))
+HTTP_SHARE = 4   # one message in HTTP_SHARE is created over HTTP
 SEED = 20261122
 
 LEDGER_SCRIPT = r"""#!/bin/sh
@@ -57,21 +62,37 @@ def read_pid(path: Path) -> int | None:
 
 
 class Producer(threading.Thread):
-    """Creates N messages, retrying each until it is acknowledged."""
+    """Creates its messages, retrying each until it is acknowledged: over the
+    queue socket, or over HTTP (rq-web, which the schedule kills too)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, numbers: list[int], http_port: int | None = None) -> None:
         super().__init__(daemon=True)
         self.root = root
+        self.numbers = numbers
+        self.http_port = http_port
         self.acked: list[str] = []
         self.error: BaseException | None = None
 
+    def create(self, i: int) -> list:
+        fields = {"dest": "crash", "param1": str(i)}
+        if self.http_port is None:
+            return client.call_queue(str(self.root), "crash", "create_message", fields,
+                                     timeout=30)
+        import requests
+        try:
+            resp = requests.post(f"http://127.0.0.1:{self.http_port}/q/crash/new_message",
+                                 json=fields, timeout=30)
+            return resp.json() if resp.status_code == 200 else ["retry"]
+        except (requests.RequestException, ValueError):
+            threading.Event().wait(0.02)  # rq-web is restarting: try again soon
+            return ["retry"]
+
     def run(self) -> None:
         try:
-            for i in range(N_MESSAGES):
+            for i in self.numbers:
                 while True:
                     try:
-                        reply = client.call_queue(str(self.root), "crash", "create_message",
-                                                  {"dest": "crash", "param1": str(i)}, timeout=30)
+                        reply = self.create(i)
                     except RQError:
                         wait_for(lambda: os.path.exists(client.queue_socket(str(self.root),
                                                                             "crash")),
@@ -93,6 +114,12 @@ def started_jobs(ledger: Path) -> int:
 
 def kill_once(kind: str, root: Path, rng: random.Random, killed_jobs: set[str]) -> bool:
     qdir = root / "queue" / "crash"
+    if kind == "web":
+        pid = web_pid(root)
+        if pid is None:
+            return False
+        os.kill(pid, signal.SIGKILL)
+        return True
     if kind == "job":
         runs = sorted((qdir / "run").glob("*/pid"))
         if not runs:
@@ -138,10 +165,13 @@ def test_sigkill_schedule_loses_nothing(tmp_path: Path) -> None:
     rng = random.Random(SEED)
     killed_jobs: set[str] = set()
     kills: list[str] = []
-    producer = Producer(root)
-    producer.start()
+    port = json.loads((root / "config" / "config.json").read_text())["port"]
+    producers = [Producer(root, [i for i in range(N_MESSAGES) if i % HTTP_SHARE == 0], port),
+                 Producer(root, [i for i in range(N_MESSAGES) if i % HTTP_SHARE])]
+    for producer in producers:
+        producer.start()
     try:
-        queue_kills_since_mgr = 0
+        restarts_since_mgr = 0
         threshold = 0
         # Kills are spread over the work by job starts (not time): one every
         # 10..30 starts, so all of them land while messages are still running.
@@ -149,26 +179,28 @@ def test_sigkill_schedule_loses_nothing(tmp_path: Path) -> None:
             threshold += rng.randint(10, 30)
             wait_for(lambda: started_jobs(ledger) >= threshold, 120, interval=0.02,
                      what=f"{threshold} job starts")
-            kind = rng.choice(["job", "job", "queue", "mgr"])
-            if kind == "queue" and queue_kills_since_mgr >= 2:
+            kind = rng.choice(["job", "job", "queue", "mgr", "web"])
+            if kind in ("queue", "web") and restarts_since_mgr >= 2:
                 kind = "mgr"  # keep the supervisor's backoff short (S2.3)
             if kill_once(kind, root, rng, killed_jobs):
                 kills.append(kind)
-                queue_kills_since_mgr = 0 if kind == "mgr" else \
-                    queue_kills_since_mgr + (kind == "queue")
-        producer.join(300)
-        assert producer.error is None, producer.error
-        assert not producer.is_alive()
+                restarts_since_mgr = 0 if kind == "mgr" else \
+                    restarts_since_mgr + (kind in ("queue", "web"))
+        for producer in producers:
+            producer.join(300 + N_MESSAGES / 10)
+            assert producer.error is None, producer.error
+            assert not producer.is_alive()
         assert len(kills) >= MIN_KILLS, kills
-        assert {"job", "queue", "mgr"} <= set(kills), kills
+        assert {"job", "queue", "mgr", "web"} <= set(kills), kills
 
-        acked = set(producer.acked)
+        acked = {msg_id for producer in producers for msg_id in producer.acked}
         assert len(acked) == N_MESSAGES
 
         def settled() -> bool:
             states = check_root(str(root)).states.get("crash", {})
             return all(states.get(i) in ("done", "err") for i in acked)
-        wait_for(settled, 240, interval=0.2, what="every acknowledged message to finish")
+        wait_for(settled, 240 + N_MESSAGES / 20, interval=0.2,
+                 what="every acknowledged message to finish")
     finally:
         mgr(root, "stop")
 

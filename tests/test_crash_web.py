@@ -19,11 +19,10 @@ import signal
 import threading
 from pathlib import Path
 
-import psutil
 import pytest
 import requests
 from rqtest import wait_for
-from webtest import Mgr, build_root
+from webtest import Mgr, build_root, web_pid
 
 from rq.fsck import check_root
 
@@ -32,22 +31,6 @@ pytestmark = pytest.mark.timeout(600)
 KILLS = int(os.environ.get("RQ_WEB_KILLS", "4"))
 CLIENTS = 4
 PER_KILL = 10   # acknowledged creates between two kills: the restarted web really serves
-
-
-def web_pid(root: Path) -> int | None:
-    """The pid of the root's running rq-web: the manager's child titled `[rq-web]` (S2.1)."""
-    try:
-        mgr = psutil.Process(int((root / "config" / "queuemgr.pid").read_text().split()[0]))
-        children = mgr.children()
-    except (OSError, ValueError, psutil.Error):
-        return None
-    for child in children:
-        try:
-            if child.cmdline()[:1] == ["[rq-web]"]:
-                return child.pid
-        except psutil.Error:
-            continue
-    return None
 
 
 class Clients:

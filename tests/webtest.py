@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+
+import psutil
 from pathlib import Path
 
 from rqtest import REPO, free_port, make_queue, make_root, write_script
@@ -68,3 +70,19 @@ class EnvMgr(Mgr):
         result = subprocess.run([str(REPO / "bin" / "rq-mgr"), "--root", str(root), "start"],
                                 capture_output=True, text=True, timeout=90, env=full)
         assert result.returncode == 0, result.stderr
+
+
+def web_pid(root: Path) -> int | None:
+    """The pid of the root's running rq-web: the manager's child titled `[rq-web]` (S2.1)."""
+    try:
+        mgr = psutil.Process(int((root / "config" / "queuemgr.pid").read_text().split()[0]))
+        children = mgr.children()
+    except (OSError, ValueError, psutil.Error):
+        return None
+    for child in children:
+        try:
+            if child.cmdline()[:1] == ["[rq-web]"]:
+                return child.pid
+        except psutil.Error:
+            continue
+    return None
