@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import os
 import sys
-from importlib.machinery import ModuleSpec
-from importlib.util import spec_from_file_location
-from types import ModuleType
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
 
 __version__ = "0.1.0"
 
@@ -32,6 +34,8 @@ class CheckoutWeb:
                   target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname != "rq.web":
             return None
+        from importlib.util import spec_from_file_location  # only when the web is imported
+
         return spec_from_file_location(fullname, os.path.join(self.folder, "__init__.py"),
                                        submodule_search_locations=[self.folder])
 

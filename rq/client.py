@@ -12,8 +12,23 @@ from typing import Any
 
 from rq import protocol
 from rq.errors import ConnectError, ProtocolError
-from rq.sockserve import read_frame
 
+
+
+def recv_exact(conn: socket.socket, size: int) -> bytes:
+    chunks = []
+    while size:
+        chunk = conn.recv(min(size, 1 << 20))
+        if not chunk:
+            raise ProtocolError("bad request")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(conn: socket.socket) -> bytes:
+    size = protocol.parse_header(recv_exact(conn, protocol.HEADER_LEN))
+    return recv_exact(conn, size)
 
 def mgr_socket(root: str) -> str:
     return os.path.join(root, "config", "queuemgr.sock")

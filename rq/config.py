@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from rq import cron
 from rq.errors import ConfigError, RootError, UsageError
 from rq.message import truthy
 from rq.protocol import valid_queue_name
@@ -481,6 +480,7 @@ def _schedule(v: object, lenient: bool) -> tuple[tuple[Mapping[str, Any], ...], 
     entries: list[Mapping[str, Any]] = []
     warnings: list[str] = []
     for i, entry in enumerate(v):
+        from rq import cron  # croniter only for a queue with a schedule (a fast `rq` call)
         problem = cron.entry_problem(entry)
         if problem is None:
             entries.append(MappingProxyType(copy.deepcopy(entry)))

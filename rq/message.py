@@ -7,7 +7,6 @@ Pure functions only: reading and writing message directories is `rq.store`'s.
 
 from __future__ import annotations
 
-import calendar
 import json
 import math
 import re
@@ -153,6 +152,8 @@ def id_epoch(msg_id: str) -> float:
     parts = (int(day[0:4]), int(day[4:6]), int(day[6:8]), int(hhmm[0:2]), int(hhmm[2:4]),
              int(ss))
     mon, mday, hour, minute, sec = parts[1:]
+    import calendar  # only for ids given back to us: not on the create path
+
     if not (1 <= mon <= 12 and 1 <= mday <= calendar.monthrange(parts[0], mon)[1]
             and hour < 24 and minute < 60 and sec < 60):
         raise ProtocolError(f"invalid msg_id: {msg_id}")

@@ -72,22 +72,6 @@ Handler = Callable[[str, "str | None", socket.socket], Any]
 BatchHandler = Callable[[list[tuple[str, "str | None"]]], list[Any]]
 
 
-def recv_exact(conn: socket.socket, size: int) -> bytes:
-    chunks = []
-    while size:
-        chunk = conn.recv(min(size, 1 << 20))
-        if not chunk:
-            raise ProtocolError("bad request")
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
-def read_frame(conn: socket.socket) -> bytes:
-    size = protocol.parse_header(recv_exact(conn, protocol.HEADER_LEN))
-    return recv_exact(conn, size)
-
-
 def reply_for(outcome: Any, cmd: str) -> Any:
     """The reply for a handler's result or the exception it raised."""
     if isinstance(outcome, ProtocolError):

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from rq import cli
 from rq import client as rqclient
-from rq.cli import base, entry
+from rq.cli import app, base
 from rq.sockserve import Rq1Server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -431,8 +431,8 @@ def test_admin_failure_reply(capsys: pytest.CaptureFixture[str], root: Path,
 
 def test_click_runner_sees_exit_codes() -> None:
     runner = CliRunner()
-    assert runner.invoke(entry.cli, ["--help"]).exit_code == 0
-    result = runner.invoke(entry.cli, ["nosuch"])
+    assert runner.invoke(app.cli, ["--help"]).exit_code == 0
+    result = runner.invoke(app.cli, ["nosuch"])
     assert result.exit_code == 1
     assert "Command not found: nosuch" in result.output
 

@@ -18,7 +18,8 @@ import pytest
 
 from rq import client, protocol, sockserve
 from rq.errors import Fail, ProtocolError
-from rq.sockserve import Rq1Server, read_frame
+from rq.client import read_frame
+from rq.sockserve import Rq1Server
 
 
 def blocking_server(tmp_path: Path, reply: Any) -> tuple[Rq1Server, str, threading.Event,

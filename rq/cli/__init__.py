@@ -1,7 +1,8 @@
 """The `rq` command (SPEC S19), split by what the commands are about:
 `base` (argument rules, the registry, reply output), `messages` (messages,
 queues, fsck, analytics), `pull` (reserve/report/renew, watch) and `entry`
-(dispatch).  `main` is the console script."""
+(dispatch), `app` (the same as a click command).  `main` is the console
+script."""
 
 from __future__ import annotations
 

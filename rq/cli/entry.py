@@ -9,8 +9,6 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-import click
-
 from rq import config
 from rq.cli import messages, pull  # noqa: F401 -- importing them registers their commands
 from rq.cli.base import (
@@ -48,15 +46,6 @@ def dispatch(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: Text
     return cmd.run(Invocation(root, flags, out, err))
 
 
-class RawArgsCommand(click.Command):
-    """A click command that keeps its arguments untouched: S19.1 is not getopt
-    (click would eat a bare `--` and answer `-h` itself)."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        ctx.obj = list(args)
-        return []
-
-
 def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     """`dispatch`, with every failure turned into one line on `err` (S0.3.3)."""
     try:
@@ -72,20 +61,11 @@ def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: TextIO) -
         return 1
 
 
-@click.command(cls=RawArgsCommand, add_help_option=False)
-@click.pass_context
-def cli(ctx: click.Context) -> None:
-    """The `rq` command; see `rq --help`."""
-    ctx.exit(run(ctx.obj, os.environ, sys.stdout, sys.stderr))
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point: run `rq` on `argv` (default sys.argv[1:])."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    try:
-        # standalone_mode=False: click hands back ctx.exit's code instead of
-        # calling sys.exit, so main() can be called from tests.
-        return int(cli.main(args=args, prog_name="rq", standalone_mode=False))
-    except Exception as exc:  # noqa: BLE001 -- a failure inside click: still one line
-        print(one_line(exc), file=sys.stderr)
-        return 1
+    """Console-script entry point: run `rq` on `argv` (default sys.argv[1:]).
+
+    No argument parser runs first: S19.1's rules are not getopt's, so `dispatch`
+    reads the raw list itself, and a shell loop of `rq sendmesg` pays only for the
+    modules the command uses (issue 15).  rq.cli.app wraps the same `run` as a
+    click command for programs that embed it."""
+    return run(sys.argv[1:] if argv is None else list(argv), os.environ, sys.stdout, sys.stderr)

@@ -28,7 +28,7 @@ from typing import Any
 from rq import client, protocol
 from rq.config import load_queue_config
 from rq.errors import ConfigError, ConnectError, Fail, ProtocolError
-from rq.sockserve import read_frame
+from rq.client import read_frame
 from rq.topics import check_patterns, matches_any
 
 log = logging.getLogger(__name__)

@@ -108,7 +108,7 @@ def read_stream_requests(hub: EventHub, sub: Subscriber, conn: socket.socket) ->
     """Read in-stream frames.  The client closing its side ends the
     subscription; a broken frame gets `bad request` and ends the stream
     after it (the framing is lost).  Never raises."""
-    from rq.sockserve import recv_exact
+    from rq.client import recv_exact
 
     try:
         while not sub.closed:
