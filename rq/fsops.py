@@ -51,10 +51,14 @@ class FsOps:
 
     # -- files
     def write_file_atomic(self, path: str, data: bytes, *, sync: bool = True,
-                          tmp: str | None = None, keep_old: bool = False) -> bool:
+                          sync_data: bool = False, tmp: str | None = None,
+                          keep_old: bool = False) -> bool:
         """Write `data` to `path` so readers see the old or the new content,
         never a partial file (S0.3.1).  With `sync`, the data and the name are
-        on stable storage when this returns.  `tmp` names the temporary file
+        on stable storage when this returns.  With `sync_data` alone, the data
+        is before the rename (no fsync of the directory): a power loss may
+        keep the old file but never leaves `path` naming a file whose data was
+        lost (the empty file of delayed allocation).  `tmp` names the temporary file
         (beside `path` by default; any path on the same filesystem works, and
         it may already exist, e.g. a spare of rq.spares).
 
@@ -67,7 +71,7 @@ class FsOps:
         if tmp is None:
             tmp = os.path.join(directory, f".{base}.tmp{os.getpid()}.{threading.get_ident()}")
         try:
-            self.write_file_private(tmp, data, sync=sync)
+            self.write_file_private(tmp, data, sync=sync or sync_data)
         except BaseException:
             unlink_quiet(tmp)
             raise
