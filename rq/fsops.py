@@ -25,6 +25,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from rq import fsrecord
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _renameat2 = getattr(_libc, "renameat2", None)
 _AT_FDCWD = -100
@@ -49,10 +51,14 @@ class FsOps:
 
     # -- files
     def write_file_atomic(self, path: str, data: bytes, *, sync: bool = True,
-                          tmp: str | None = None, keep_old: bool = False) -> bool:
+                          sync_data: bool = False, tmp: str | None = None,
+                          keep_old: bool = False) -> bool:
         """Write `data` to `path` so readers see the old or the new content,
         never a partial file (S0.3.1).  With `sync`, the data and the name are
-        on stable storage when this returns.  `tmp` names the temporary file
+        on stable storage when this returns.  With `sync_data` alone, the data
+        is before the rename (no fsync of the directory): a power loss may
+        keep the old file but never leaves `path` naming a file whose data was
+        lost (the empty file of delayed allocation).  `tmp` names the temporary file
         (beside `path` by default; any path on the same filesystem works, and
         it may already exist, e.g. a spare of rq.spares).
 
@@ -65,20 +71,26 @@ class FsOps:
         if tmp is None:
             tmp = os.path.join(directory, f".{base}.tmp{os.getpid()}.{threading.get_ident()}")
         try:
-            self.write_file_private(tmp, data, sync=sync)
+            self.write_file_private(tmp, data, sync=sync or sync_data)
         except BaseException:
             unlink_quiet(tmp)
             raise
         try:
-            self.op("rename")
-            kept = keep_old and _exchange(tmp, path)
-            if not kept:
-                os.rename(tmp, path)
+            kept = self.replace(tmp, path, keep_old=keep_old)
         except BaseException:
             unlink_quiet(tmp)
             raise
         if sync:
             self.fsync_dir(directory)
+        return kept
+
+    def replace(self, tmp: str, path: str, *, keep_old: bool = False) -> bool:
+        """The rename of write_file_atomic: `tmp` becomes `path`, replacing it
+        (with `keep_old`, exchanged with it when it exists: True then)."""
+        self.op("rename")
+        kept = keep_old and _exchange(tmp, path)
+        if not kept:
+            os.rename(tmp, path)
         return kept
 
     def write_file_private(self, path: str, data: bytes, *, sync: bool = True) -> None:
@@ -250,6 +262,91 @@ class FaultyFsOps(FsOps):
             raise OSError(err, f"injected {os.strerror(err)} on {name} #{n}")
 
 
+class RecordingFsOps(FsOps):
+    """The real filesystem, with every operation also appended, as the
+    primitive effects it had, to an operation log (rq.fsrecord: the
+    power-loss test replays it).  One lock is held across each operation and
+    its log line, so the log order is the order the operations took effect in
+    this process; it serialises the fsyncs of concurrent threads, a cost only
+    tests pay.  No spares: their thread works outside the seam."""
+
+    spares = False
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.log = fsrecord.OpLog(path)
+        self._rec = threading.RLock()
+
+    def replace(self, tmp: str, path: str, *, keep_old: bool = False) -> bool:
+        with self._rec:  # keep_old needs a spare: never asked here, so a plain rename
+            super().replace(tmp, path)
+            self.log.add("rename", src=tmp, dst=path)
+        return False
+
+    def write_file_private(self, path: str, data: bytes, *, sync: bool = True) -> None:
+        with self._rec:
+            super().write_file_private(path, data, sync=False)
+            self.log.add("write", path=path, data=data)
+        if sync:
+            self.fsync_file(path)
+
+    def fsync_file(self, path: str) -> None:
+        with self._rec:
+            self.op("fsync")
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)  # flushes the inode's data whichever descriptor asks
+            finally:
+                os.close(fd)
+            self.log.add("fsync", path=path)
+
+    def fsync_dir(self, path: str) -> None:
+        with self._rec:
+            super().fsync_dir(path)
+            self.log.add("fsyncdir", path=path)
+
+    def append(self, fd: int, data: bytes) -> None:
+        with self._rec:
+            super().append(fd, data)
+            self.log.add("append", path=os.readlink(f"/proc/self/fd/{fd}"), data=data)
+
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        with self._rec:
+            super().mkdir(path, mode)
+            self.log.add("mkdir", path=path)
+
+    def rename_noreplace(self, src: str, dst: str) -> None:
+        with self._rec:
+            super().rename_noreplace(src, dst)
+            self.log.add("rename", src=src, dst=dst)
+
+    def rename(self, src: str, dst: str) -> None:
+        with self._rec:
+            super().rename(src, dst)
+            self.log.add("rename", src=src, dst=dst)
+
+    def link_or_copy(self, src: str, dst: str, *, allow_copy: bool = True) -> bool:
+        with self._rec:
+            copied = super().link_or_copy(src, dst, allow_copy=allow_copy)
+            if copied:
+                with open(dst, "rb") as fh:
+                    self.log.add("write", path=dst, data=fh.read())
+                self.log.add("fsync", path=dst)
+            else:
+                self.log.add("link", src=src, dst=dst)
+        return copied
+
+    def unlink(self, path: str) -> None:
+        with self._rec:
+            super().unlink(path)
+            self.log.add("unlink", path=path)
+
+    def rmtree(self, path: str) -> None:
+        with self._rec:
+            super().rmtree(path)
+            self.log.add("rmtree", path=path)
+
+
 def parse_fault_plan(text: str) -> tuple[dict[str, dict[int, int]], str | None]:
     """`OP:NTH:ERRNO,...` plus an optional `record=PATH` item that appends
     `OP N` for every operation to PATH (so a test can learn the sequence)."""
@@ -268,10 +365,12 @@ def parse_fault_plan(text: str) -> tuple[dict[str, dict[int, int]], str | None]:
 
 
 def from_environment(env: Mapping[str, str]) -> FsOps:
-    """The FsOps a daemon's main() uses: faulty only when RQ_FS_FAULTS is set."""
+    """The FsOps a daemon's main() uses: faulty only when RQ_FS_FAULTS is set,
+    recording (the power-loss test) only when RQ_FS_RECORD names a log."""
     text = env.get("RQ_FS_FAULTS", "")
     if not text:
-        return FsOps()
+        log = env.get(fsrecord.ENV, "")
+        return RecordingFsOps(log) if log else FsOps()
     plan, record = parse_fault_plan(text)
     return FaultyFsOps(plan, record, spares=plan.pop("spares", None) is not None)
 

@@ -214,25 +214,32 @@ class Store:
         return True
 
     def write_msg(self, path: str, fields: dict[str, Any], *, sync: bool = True) -> None:
-        self.write_file(os.path.join(path, "msg"), msg_bytes(fields), sync=sync)
+        """Write the msg file.  Its data is fsynced before the rename over the
+        old msg even without `sync` (which adds the fsync of the directory): a
+        power loss may keep the old msg, never an empty one, which would lose
+        the message (found by tests/test_power_loss.py: a resent message, a
+        coalesced dup and its parent rewrite their msg)."""
+        self.write_file(os.path.join(path, "msg"), msg_bytes(fields), sync=sync, sync_data=True)
 
     def write_status(self, path: str, text: str, *, sync: bool = False) -> None:
         self.write_file(os.path.join(path, "status"),
                         protocol.dumps({"job_status": text}).encode(), sync=sync)
 
-    def write_file(self, path: str, data: bytes, *, sync: bool = False) -> None:
+    def write_file(self, path: str, data: bytes, *, sync: bool = False,
+                   sync_data: bool = False) -> None:
         """fs.write_file_atomic through a spare temp file (rq.spares) when one
         is ready, else through a temp file beside `path` (also when the spare
         fails: rewriting the same content is harmless)."""
         tmp = self.spares.take("file") if self.spares is not None else None
         if tmp is not None:
             try:
-                if self.fs.write_file_atomic(path, data, sync=sync, tmp=tmp, keep_old=True):
+                if self.fs.write_file_atomic(path, data, sync=sync, sync_data=sync_data,
+                                             tmp=tmp, keep_old=True):
                     self.discard_file(tmp)  # the replaced file, now at tmp
                 return
             except OSError:
                 unlink_quiet(tmp)
-        self.fs.write_file_atomic(path, data, sync=sync)
+        self.fs.write_file_atomic(path, data, sync=sync, sync_data=sync_data)
 
     def discard_file(self, path: str) -> None:
         """Remove the plain file `path` (gone already is fine); its inode is
