@@ -139,6 +139,7 @@ class MainConfig:
     allowed_hosts: tuple[str, ...] = ()  # (new) more Host names the web answers to (S14)
     event_retention_days: int = 30
     max_upload_bytes: int = 2 * 1024 ** 3  # (new) web upload limit, 413 above it
+    max_body_bytes: int = 8 * 1024 ** 2  # (new) any other web body; S4.4 wants 1 MiB messages
 
     @property
     def host_port(self) -> str:
@@ -182,7 +183,8 @@ def load_main_config(root: str) -> MainConfig:
         csrf_trusted_origins=_strings(data, "csrf_trusted_origins") or (),
         allowed_hosts=_strings(data, "allowed_hosts") or (),
         event_retention_days=_retention(data.get("event_retention_days")),
-        max_upload_bytes=_upload_limit(data.get("max_upload_bytes")),
+        max_upload_bytes=_byte_limit(data, "max_upload_bytes", 2 * 1024 ** 3),
+        max_body_bytes=_byte_limit(data, "max_body_bytes", 8 * 1024 ** 2),
     )
 
 
@@ -247,12 +249,12 @@ def _session_secret(v: object) -> str | None:
     return v
 
 
-def _upload_limit(v: object) -> int:
-    if v is None:
-        return 2 * 1024 ** 3
-    size = _as_int(v)
+def _byte_limit(data: dict, key: str, default: int) -> int:
+    if data.get(key) is None:
+        return default
+    size = _as_int(data[key])
     if size is None or size < 1:
-        raise ConfigError("max_upload_bytes must be an integer >= 1")
+        raise ConfigError(f"{key} must be an integer >= 1")
     return size
 
 

@@ -22,7 +22,7 @@ from flask.sessions import SecureCookieSessionInterface
 
 from rq import __version__
 from rq.config import MainConfig, load_main_config
-from . import errors, security
+from . import errors, limits, security
 from .backend import Backend
 from .queues import Counters
 from .wsgi import AccessLog, RootMiddleware
@@ -58,8 +58,10 @@ def create_app(root: str | None = None, *, main: MainConfig | None = None,
         RQ_BACKEND=Backend(main.root),
         RQ_VERSION=__version__,
         SECRET_KEY=main.session_secret or secrets.token_hex(32),
-        MAX_CONTENT_LENGTH=main.max_upload_bytes,
-        MAX_FORM_MEMORY_SIZE=64 * 1024 * 1024,  # a form field may hold a >= 1 MiB message (S4.4)
+        # Every body but an upload's (web.actions raises it to max_upload_bytes) is read
+        # only up to max_body_bytes; above it 413 before a byte is read (issue 13 D9).
+        MAX_CONTENT_LENGTH=min(main.max_body_bytes, main.max_upload_bytes),
+        MAX_FORM_MEMORY_SIZE=main.max_body_bytes,  # a field may hold a >= 1 MiB message (S4.4)
         SESSION_COOKIE_NAME="rq_session",
         SESSION_COOKIE_SAMESITE="Lax",
         JSON_SORT_KEYS=False,
@@ -70,6 +72,7 @@ def create_app(root: str | None = None, *, main: MainConfig | None = None,
     app.extensions["rq_counters"] = Counters(main.root)
     errors.install(app)
     security.install(app)
+    limits.install(app)
     from . import actions, api, consumer, events, files, stats, ui
     for blueprint in (api.bp, actions.bp, files.bp, ui.bp, stats.bp, events.bp, consumer.bp):
         app.register_blueprint(blueprint)

@@ -12,8 +12,9 @@ log/queuemgr.log (role `rq-web`; the access log comes from rq.web.wsgi.AccessLog
 the main config and the `fatal ERROR: ...` lines of the other start-up errors.
 
 Threads: waitress's own select loop runs in a thread of its own and hands each
-request to a pool of THREADS workers, so a log stream (S17.2) or a long poll
-(S8.2) holds one worker and never blocks other clients (S14.1).  The main
+request to a pool of THREADS + LONG_SLOTS workers; a log or event stream (S17.2,
+S8.8) or a long poll (S8.2) holds one of LONG_SLOTS slots (web.limits, 503 when
+none is free), so THREADS workers always remain for short requests (S14.1).  The main
 thread runs rq.loop.Loop: signal handlers only wake it (STYLE habit 4).
 Waitress flushes every chunk an app yields at once (its `send_bytes` is 1),
 and answers `Expect: 100-continue` with an interim `100 Continue` as soon as
@@ -32,7 +33,6 @@ import sys
 import threading
 from typing import Any
 
-import waitress
 from waitress.server import BaseWSGIServer
 
 from rq.config import MainConfig
@@ -41,10 +41,13 @@ from rq.errors import StartError
 from rq.loop import Loop
 from rq.proc import ReadyPipe, lifeline_closed
 
+from .connections import guarded_server
+from .limits import LONG_SLOTS
+
 log = logging.getLogger("rq.web")
 
-THREADS = 64               # workers: each open stream or long poll holds one
-CONNECTION_LIMIT = 1000    # open connections (idle keep-alives included)
+THREADS = 64               # workers for short requests; streams have LONG_SLOTS more
+CONNECTION_LIMIT = 1000    # open connections; above it idle ones are closed (web.connections)
 STOP_GRACE = 2.0           # seconds requests in flight get once we stop
 UPLOAD_MARGIN = 1 << 20    # multipart framing on top of max_upload_bytes
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -59,7 +62,7 @@ def serve(ctx: Context) -> int:
                          f"{exc.strerror or exc}") from exc
     warn_if_exposed(config)
     try:
-        server = make_server(ctx.root, config, sock, ctx.args.threads)
+        server = make_server(ctx.root, config, sock, ctx.args.threads, ctx.args.long_requests)
     except Exception:  # a broken app is a crash: BACKOFF and retry, not FATAL
         log.exception("rq-web cannot build the application")
         sock.close()
@@ -68,7 +71,9 @@ def serve(ctx: Context) -> int:
 
 
 SPEC = DaemonSpec(prog="python -m rq.web", logger="rq.web", role="rq-web", title="[rq-web]",
-                  serve=serve, options=(("--threads", {"type": int, "default": THREADS}),),
+                  serve=serve, options=(("--threads", {"type": int, "default": THREADS}),
+                                        ("--long-requests", {"type": int,
+                                                             "default": LONG_SLOTS})),
                   fatal_text="ERROR: {reason}", stderr_text="{line}")
 
 
@@ -121,11 +126,13 @@ def listen_socket(addr: str, port: int) -> socket.socket:
 
 
 def make_server(root: str, config: MainConfig, sock: socket.socket,
-                threads: int) -> BaseWSGIServer:
+                threads: int, long_slots: int = LONG_SLOTS) -> BaseWSGIServer:
+    """`threads` workers for short requests and `long_slots` more for streams and
+    long polls, which never hold more (web.limits, S14.1)."""
     from . import create_app
-    app = create_app(root, main=config)
-    server: Any = waitress.create_server(
-        app, sockets=[sock], threads=threads, connection_limit=CONNECTION_LIMIT,
+    app = create_app(root, main=config, overrides={"RQ_LONG_SLOTS": long_slots})
+    server: Any = guarded_server(
+        app, sock, CONNECTION_LIMIT, threads=threads + long_slots,
         # S14.5 reads X-Forwarded-Proto itself: waitress must pass it through.
         clear_untrusted_proxy_headers=False,
         max_request_body_size=config.max_upload_bytes + UPLOAD_MARGIN,
@@ -136,7 +143,7 @@ def make_server(root: str, config: MainConfig, sock: socket.socket,
         log_socket_errors=False,  # a browser closing a stream is no error
         ident="rq-web",
     )
-    return server  # one socket given: a single TcpWSGIServer
+    return server
 
 
 class WebDaemon:

@@ -11,31 +11,31 @@ no request reaches outside the root.
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import IO, Any
 
-from flask import (Blueprint, Response, current_app, flash, jsonify, redirect,
+from flask import (Blueprint, Response, flash, g, jsonify, redirect,
                    render_template_string, request)
 from markupsafe import Markup
 from werkzeug.datastructures import FileStorage
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from rq import protocol
 
 from .errors import RQHTTPError, fail
 from .forms import nested
-from .views import (ask_mgr, ask_queue, back_or, is_ok, page_url, read_json_file,
-                    reject_constant, require_message, require_queue, require_queue_creation,
-                    safe_back, text_response, wants_reply)
+from .views import (ask_mgr, ask_queue, back_or, is_ok, json_body, main_config, page_url,
+                    parse_json, read_json_file, require_message, require_queue,
+                    require_queue_creation, safe_back, text_response, wants_reply)
 
 bp = Blueprint("actions", __name__)
 
 MGR_FLASH = Markup("We got <code>{}</code> from form, and <code>{}</code> from QueueMgr")
-MAX_FIELD_BYTES = protocol.MAX_FRAME  # a message (>= 1 MiB, S4.4) may be one multipart field
+MAX_UPLOAD_PARTS = 64              # fields and files of one route 21 form
+MAX_UPLOAD_FILES = 4               # file parts spooled to tmpdir; one more is a 413
+MAX_UPLOAD_FIELD_BYTES = 1 << 20  # x_format, msg_id, back; above the parser's 64 KiB reads
 ATTACH_TIMEOUT = 600.0  # the queue copies an upload that is on another filesystem (S4.8)
 ADMIN_OPS = (("pause", "paused"), ("resume", "resumed"), ("down", "downed"), ("up", "upped"))
 OPTIONAL_QUEUE_KEYS = ("num_workers", "timeout", "kill_grace", "mode", "topic", "lease_timeout")
@@ -61,8 +61,27 @@ CREATED_PAGE = """{% extends "layout.html" %}
 
 
 @bp.before_request
-def allow_large_fields() -> None:
-    request.max_form_memory_size = MAX_FIELD_BYTES
+def set_body_limits() -> None:
+    """Every body is bounded by max_body_bytes (the app's MAX_CONTENT_LENGTH) but
+    route 21's, whose files go straight to tmpdir: its parts, its fields and its
+    whole size are capped before the parser writes anything (issue 13 D2)."""
+    if request.endpoint == "actions.attach_new":
+        request.max_content_length = main_config().max_upload_bytes
+        request.max_form_parts = MAX_UPLOAD_PARTS
+        request.max_form_memory_size = MAX_UPLOAD_FIELD_BYTES
+        spool_uploads(upload_dir())
+
+
+@bp.teardown_request
+def remove_spooled(exc: BaseException | None = None) -> None:
+    """Close and remove every file spooled for this request, whatever happened
+    to it (refused, failed, answered, or its client gone)."""
+    for stream, path in g.pop("rq_spooled", ()):
+        stream.close()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 # ---------------------------------------------------------------- queues (manager commands)
@@ -173,13 +192,11 @@ def run_now(name: str, msg_id: str) -> Any:
 
 @bp.post("/q/<name>/<msg_id>/attach/new")
 def attach_new(name: str, msg_id: str) -> Any:
-    with spooled_uploads(upload_dir()) as spooled:
-        require_message(name, msg_id)
-        upload = filedata()
-        pathname = spooled_path(upload, spooled)
-        arg = {"msg_id": msg_id, "pathname": pathname,
-               "name": posixpath.basename(upload.filename or "")}
-        reply = ask_queue(name, "attach_message", arg, timeout=ATTACH_TIMEOUT)
+    require_message(name, msg_id)  # before the body is parsed: a 404 spools nothing
+    upload = filedata()
+    arg = {"msg_id": msg_id, "pathname": spooled_path(upload),
+           "name": posixpath.basename(upload.filename or "")}
+    reply = ask_queue(name, "attach_message", arg, timeout=ATTACH_TIMEOUT)
     if wants_reply():
         return jsonify(reply)
     if not is_ok(reply):
@@ -239,16 +256,13 @@ def run_message(name: str, msg_id: str) -> Any:
 def message_input(as_json: bool) -> dict[str, Any]:
     """Route 12's message: (a) a JSON body, (b) `mesg=<JSON>`, (c) `mesg[...]` fields."""
     if request.mimetype == "application/json":
-        raw: Any = request.get_data()
+        data = json_body()
     else:
         form = nested(request.values, "mesg")
         raw = request.values.get("mesg")
         if form or (raw is None and not as_json):
             return form
-    try:
-        data = json.loads(raw, parse_constant=reject_constant)
-    except (TypeError, ValueError, RecursionError):
-        fail(400, "Invalid JSON")
+        data = parse_json(raw or "")  # no mesg at all: 400 Invalid JSON
     if not isinstance(data, dict):
         fail(400, "Invalid JSON")
     return data
@@ -270,44 +284,32 @@ def message_created(name: str, reply: Any) -> Any:
 # ---------------------------------------------------------------- uploads (route 21)
 
 
-@contextmanager
-def spooled_uploads(directory: str) -> Iterator[list[tuple[IO[bytes], str]]]:
-    """Make the form parser write every uploaded file straight into `directory`
+def spool_uploads(directory: str) -> None:
+    """Make the form parser write each uploaded file straight into `directory`
     (the main config's tmpdir: a large upload never lands in the system temp
-    dir first) and remove every such file on the way out, whatever happened."""
+    dir first); remove_spooled removes them when the request ends."""
     spooled: list[tuple[IO[bytes], str]] = []
+    g.rq_spooled = spooled
 
     def new_file(total_content_length: int | None, content_type: str | None,
                  filename: str | None, content_length: int | None = None) -> IO[bytes]:
+        if len(spooled) >= MAX_UPLOAD_FILES:
+            raise RequestEntityTooLarge("Too many files in one upload")
         fd, path = tempfile.mkstemp(dir=directory, prefix="rq-upload-")
         stream = os.fdopen(fd, "w+b")
         spooled.append((stream, path))
         return stream
 
     request._get_file_stream = new_file  # type: ignore[method-assign, assignment]
-    try:
-        request.files  # parse the body now, inside the cleanup below
-        yield spooled
-    finally:
-        for _, path in spooled:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
 
 
-def spooled_path(upload: FileStorage, spooled: list[tuple[IO[bytes], str]]) -> str:
-    """The file holding the upload; copied into the spool when an earlier
-    reader of the form had it parsed somewhere else."""
-    for stream, path in spooled:
+def spooled_path(upload: FileStorage) -> str:
+    """The file holding the upload, flushed for the queue process to link."""
+    for stream, path in g.rq_spooled:
         if stream is upload.stream:
             stream.flush()
             return path
-    fd, path = tempfile.mkstemp(dir=upload_dir(), prefix="rq-upload-")
-    with os.fdopen(fd, "wb") as out:
-        spooled.append((out, path))
-        upload.save(out)
-    return path
+    raise RuntimeError("upload parsed outside the spool")  # set_body_limits runs first
 
 
 def filedata() -> FileStorage:
@@ -321,7 +323,7 @@ def filedata() -> FileStorage:
 
 
 def upload_dir() -> str:
-    return os.path.abspath(current_app.config["RQ_MAIN"].tmpdir or tempfile.gettempdir())
+    return os.path.abspath(main_config().tmpdir or tempfile.gettempdir())
 
 
 # ---------------------------------------------------------------- helpers

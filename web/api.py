@@ -21,7 +21,7 @@ from rq.errors import ConfigError, ConnectError
 
 from . import metrics
 from .errors import fail
-from .queues import (ORDER, ask, counters, disk_counts, find_message, ids_in, live_view,
+from .queues import (ALL, ORDER, ask, counters, disk_counts, find_message, ids_in, live_view,
                      queue_entry, read_message, schedule_view, shown_state, supervised,
                      supervision, timer_list)
 from .views import (backend, first, main_config, ok_payload, read_int_file, require_not_down,
@@ -31,11 +31,17 @@ bp = Blueprint("api", __name__)
 
 LIST_ORDER = ("prep", "que", "run", "done", "err", "relayed")  # S15.3 sizes and lists
 QUERY_RE = re.compile(r"query\[(.+)\]")
+MAX_LIMIT = ALL  # "every entry": islice and the queues take no more
 
 
 def limit_arg(default: int) -> int:
+    """`limit`; not a number → the default; a number above MAX_LIMIT → 400 (issue 13 D9)."""
     value = request.args.get("limit", "")
-    return int(value) if value.isdecimal() and value.isascii() else default
+    if not (value.isdecimal() and value.isascii()):
+        return default
+    if len(value) > 10 or int(value) > MAX_LIMIT:
+        fail(400, "Invalid limit")
+    return int(value)
 
 
 def matches(msg: dict[str, Any], query: dict[str, str], exact: bool) -> bool:

@@ -10,12 +10,14 @@ every POST (S14); error bodies are JSON (S14.8: `/consumer/…`).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
 from .errors import fail
-from .views import ask_mgr
+from .limits import take_long_slot
+from .views import ask_mgr, json_body
 
 bp = Blueprint("consumer", __name__)
 
@@ -23,12 +25,14 @@ REQUIRED = {"reserve": ("patterns",), "report": ("msg_id", "token", "line"),
             "renew": ("msg_id", "token")}
 FIELDS = {"reserve": ("lease", "wait", "consumer"), "report": (), "renew": ("lease",)}
 MGR_SLACK = 30.0   # seconds on top of a reservation's `wait` for the manager's reply
+MAX_WAIT = 60.0    # S8.2
+WAIT_SLICE = 1.0   # seconds of one reserve asked of the manager while a client waits
 
 
 def request_body(cmd: str) -> dict[str, Any]:
     """The S8.4 object of this request; 400 for a missing field."""
     if request.mimetype == "application/json":
-        data = request.get_json(silent=True)
+        data = json_body()
         if not isinstance(data, dict):
             fail(400, "Invalid JSON")
     else:
@@ -49,17 +53,42 @@ def form_body(cmd: str) -> dict[str, Any]:
     return data
 
 
-def wait_of(data: dict[str, Any]) -> float:
+def requested_wait(data: dict[str, Any]) -> float:
+    """A valid S8.2 `wait` (0 < wait <= 60), else 0 (the manager judges the value)."""
     try:
-        return min(max(float(data.get("wait") or 0), 0.0), 60.0)
+        wait = float(data.get("wait") or 0)
     except (TypeError, ValueError):
         return 0.0
+    return wait if 0 < wait <= MAX_WAIT else 0.0
 
 
 def forward(cmd: str) -> Response:
     data = request_body(cmd)
-    timeout = wait_of(data) + MGR_SLACK if cmd == "reserve" else MGR_SLACK
-    return jsonify(ask_mgr(cmd, data, raw=False, timeout=timeout))
+    wait = requested_wait(data) if cmd == "reserve" else 0.0
+    if not wait:
+        return jsonify(ask_mgr(cmd, data, raw=False, timeout=MGR_SLACK))
+    release = take_long_slot()  # S14.1: a long poll never takes a short request's worker
+    try:
+        return jsonify(wait_for_reserve(data, wait))
+    finally:
+        release()
+
+
+def wait_for_reserve(data: dict[str, Any], wait: float) -> Any:
+    """S8.2's wait, asked of the manager in slices of at most WAIT_SLICE seconds so
+    that a client that has gone (waitress's `client_disconnected`) frees its worker
+    within one slice and is not granted a lease after it left (issue 13 D1)."""
+    disconnected = request.environ.get("waitress.client_disconnected")
+    deadline = time.monotonic() + wait
+    while True:
+        remaining = max(deadline - time.monotonic(), 0.0)
+        slice_ = min(remaining, WAIT_SLICE)
+        reply = ask_mgr("reserve", {**data, "wait": slice_}, raw=False,
+                        timeout=slice_ + MGR_SLACK)
+        if reply != ["ok", None] or remaining <= WAIT_SLICE:
+            return reply
+        if disconnected is not None and disconnected():
+            return reply  # nobody reads it: stop asking
 
 
 @bp.post("/consumer/reserve")

@@ -8,10 +8,13 @@ pending flash, a heading and `<p class="error"><code> - <text></p>`.
 
 from __future__ import annotations
 
+import traceback
 from typing import Any, NoReturn
 
 from flask import Flask, Response, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
+
+from .wsgi import printable
 
 HEADINGS = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
             405: "Method Not Allowed", 413: "Payload Too Large", 416: "Range Not Satisfiable",
@@ -32,12 +35,12 @@ def fail(code: int, text: str, headers: dict[str, str] | None = None) -> NoRetur
     raise RQHTTPError(code, text, headers)
 
 
-def wants_json() -> bool:
+def wants_json(code: int = 200) -> bool:
     path = request.path
     if path.endswith(".json") or path == "/search" or path.startswith("/consumer/"):
         return True
-    try:
-        fmt = request.values.get("x_format")
+    try:  # a refused body (413) is never parsed again for its x_format
+        fmt = request.values.get("x_format") if code != 413 else request.args.get("x_format")
     except HTTPException:  # the body itself was refused (e.g. 413): use the query only
         fmt = request.args.get("x_format")
     if fmt == "json":
@@ -50,7 +53,7 @@ def wants_text() -> bool:
 
 
 def render_error(code: int, text: str, headers: dict[str, str] | None = None) -> Response:
-    if wants_json():
+    if wants_json(code):
         resp = jsonify(["fail", text])
     elif wants_text():
         resp = Response(f"{code} - {text}", mimetype="text/plain")
@@ -77,5 +80,10 @@ def install(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def crash(exc: Exception) -> Any:
-        app.logger.exception("unhandled error on %s", request.path)
+        # The traceback's frames are ours; the path and the exception's text may
+        # carry request text, so they are escaped (issue 13 D6).
+        frames = "".join(traceback.format_tb(exc.__traceback__))
+        app.logger.error("unhandled error on %s\nTraceback (most recent call last):\n%s%s",
+                         printable(request.path), frames,
+                         printable(f"{type(exc).__qualname__}: {exc}"))
         return render_error(500, "Internal Server Error")

@@ -8,9 +8,9 @@ with `data: <event JSON incl. topic>`, an overflow record as `event: overflow`,
 and a `: keepalive` comment after KEEPALIVE_SECONDS without output.  Basic
 auth and the other S14 checks run before the view (web.security).
 
-Each open stream holds one waitress worker and one manager connection; it
-ends when the client goes away (checked every POLL_SECONDS) or the manager
-ends the stream.
+Each open stream holds one waitress worker, one long-request slot (web.limits:
+503 when none is free) and one manager connection; it ends when the client
+goes away (checked every POLL_SECONDS) or the manager ends the stream.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from flask import Blueprint, Response, current_app, request
 from rq import client, topics
 from rq.errors import ConnectError, Fail
 from .errors import fail
+from .limits import HeldBody, take_long_slot
 
 bp = Blueprint("events", __name__)
 
@@ -70,15 +71,18 @@ def events() -> Response:
     if request.method == "HEAD":
         return Response(status=200, mimetype="text/event-stream", headers=HEADERS)
     root = current_app.config["RQ_MAIN"].root
+    release = take_long_slot()  # S14.1: a stream never takes a short request's worker
     try:
         sub = client.subscribe(root, patterns, since)
     except ConnectError:
+        release()
         fail(503, "QueueMgr not running")
     except Fail as exc:
+        release()
         fail(400, str(exc))
     keepalive = float(current_app.config.get("RQ_STREAM_KEEPALIVE", KEEPALIVE_SECONDS))
     body = stream(sub, keepalive, request.environ.get("waitress.client_disconnected"))
-    return Response(body, mimetype="text/event-stream", headers=HEADERS,
+    return Response(HeldBody(body, release), mimetype="text/event-stream", headers=HEADERS,
                     direct_passthrough=True)
 
 

@@ -32,6 +32,7 @@ from rq import protocol
 from rq.store import STATES, Store
 
 from .errors import fail
+from .limits import HeldBody, take_long_slot
 from .views import backend, require_not_down, require_queue
 
 bp = Blueprint("files", __name__)
@@ -80,10 +81,15 @@ def log_stream(name: str, msg_id: str, logname: str) -> Response:
     if request.method == "HEAD":
         os.close(fd)
         return Response(status=200, mimetype="text/event-stream", headers=headers)
+    try:
+        release = take_long_slot()  # S14.1: a stream never takes a short request's worker
+    except BaseException:
+        os.close(fd)
+        raise
     keepalive = float(current_app.config.get("RQ_STREAM_KEEPALIVE", KEEPALIVE_SECONDS))
     events = stream_events(fd, lambda: message_state(found), offset, keepalive,
                            request.environ.get("waitress.client_disconnected"))
-    return Response(events, mimetype="text/event-stream", headers=headers,
+    return Response(HeldBody(events, release), mimetype="text/event-stream", headers=headers,
                     direct_passthrough=True)
 
 
@@ -269,7 +275,7 @@ def stream_offset() -> int:
     if raw is None or not raw.strip():
         raw = request.args.get("offset", "0")
     raw = raw.strip()
-    if not raw.isdigit() or not raw.isascii():
+    if not raw.isdigit() or not raw.isascii() or len(raw) > 18:  # pread takes < 2**63
         fail(400, "Invalid offset")
     return int(raw)
 

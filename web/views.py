@@ -137,6 +137,33 @@ def reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not plain JSON")  # S0.3.5: no NaN/Infinity
 
 
+class NumberOutOfRange(ValueError):
+    pass
+
+
+def finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # 1e999: no JSON can carry it on (S0.3.5)
+        raise NumberOutOfRange(text[:40])
+    return value
+
+
+def parse_json(raw: str | bytes) -> Any:
+    """A request's JSON text; 400 when it is not plain JSON, nests too deep or holds a
+    number out of range (issue 13 D9: a bad body is a 400, never a 500)."""
+    try:
+        return json.loads(raw, parse_constant=reject_constant, parse_float=finite_float)
+    except NumberOutOfRange as exc:
+        fail(400, f"Invalid JSON: number out of range: {exc}")
+    except (TypeError, ValueError, RecursionError):
+        fail(400, "Invalid JSON")
+
+
+def json_body() -> Any:
+    """The request body as JSON, read only up to `max_body_bytes` (413 above it)."""
+    return parse_json(request.get_data(cache=True))
+
+
 # ---------------------------------------------------------------- replies and URLs
 
 

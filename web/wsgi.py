@@ -4,12 +4,15 @@ Owns: path normalisation (runs of `/` collapsed, `.`/`..` resolved, never above
 `/`), the `relative_root` prefix (requests outside ROOT get `404 Not Found:
 <path>` as text/plain; inside, the prefix moves to SCRIPT_NAME so url_for
 builds prefixed URLs), refusing `Expect` values other than `100-continue`
-with 417, and the Common Log Format access log.
+with 417, and the Common Log Format access log, whose values are escaped by
+`printable` so that no request can write a line of its own into the log
+(issue 13 D6; every log call of web/ that logs request text uses it).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -17,6 +20,32 @@ from typing import Any
 log = logging.getLogger("rq.web.access")
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+# C0 and C1 controls (NEL included), DEL, the Unicode line and paragraph separators, and
+# the two characters that would make an escaped or quoted value ambiguous.
+UNPRINTABLE = re.compile('[\x00-\x1f\x7f-\x9f\u2028\u2029\\\\"]')
+SHORT_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: object) -> str:
+    """`text` on one line, for a log: control characters become `\\n`, `\\xNN` or
+    `\\uNNNN`, and backslash and double quote are escaped, as Apache does."""
+    return UNPRINTABLE.sub(_escape, str(text))
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in SHORT_ESCAPES:
+        return SHORT_ESCAPES[char]
+    return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+
+
+def wsgi_text(value: str) -> str:
+    """A WSGI string (bytes as latin-1, PEP 3333) as the UTF-8 text it carries;
+    bytes that are not UTF-8 come out as `\\xNN`."""
+    try:
+        return value.encode("latin-1").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return value
 
 
 def normalize_path(path: str) -> str:
@@ -80,7 +109,8 @@ class AccessLog:
         uri = (environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")) or "/"
         if environ.get("QUERY_STRING"):
             uri += "?" + environ["QUERY_STRING"]
-        log.info('%s - %s [%s] "%s %s %s" %s %s', environ.get("REMOTE_ADDR", "-"), user, when,
-                 environ.get("REQUEST_METHOD"), uri, environ.get("SERVER_PROTOCOL"),
+        values = (environ.get("REMOTE_ADDR", "-"), user, when, environ.get("REQUEST_METHOD"),
+                  wsgi_text(uri), environ.get("SERVER_PROTOCOL"))
+        log.info('%s - %s [%s] "%s %s %s" %s %s', *map(printable, values),
                  seen.get("status", "-"), seen.get("size", "-"))
         return result
