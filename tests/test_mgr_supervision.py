@@ -343,6 +343,17 @@ def test_create_queue_bad_json(root: str, manager_for) -> None:
     assert mgr.call("ping") == ["pong"]
 
 
+@pytest.mark.parametrize("cmd", ["create_queue", "reserve", "report", "renew", "subscribe"])
+def test_json_bomb_is_a_bad_request_without_a_traceback(root: str, manager_for, cmd) -> None:
+    """Issue 13, D9: JSON nested 100,000 deep is a bad request (S7.1), not an internal error
+    with a traceback in the log."""
+    mgr = manager_for()
+    assert mgr.call(cmd, "[" * 100_000, raw=True) == ["fail", "bad request"]
+    assert mgr.call(cmd, '{"name":' * 100_000, raw=True) == ["fail", "bad request"]
+    assert mgr.call("ping") == ["pong"]
+    assert "Traceback" not in mgr.log_text() + mgr.stderr()
+
+
 def test_create_queue_link(root: str, manager_for, tmp_path) -> None:
     confdir = tmp_path / "confs"
     confdir.mkdir()
