@@ -25,7 +25,7 @@ from typing import Any
 
 from rq import client, proc, protocol
 from rq.config import MainConfig, QueueConfig
-from rq.errors import RQError
+from rq.errors import Fail, RQError
 from rq.events import EventLog
 from rq.fsops import FsOps, read_json
 from rq.queue import jobs as J
@@ -128,6 +128,14 @@ class QueueState:
             if len(picks) >= slots:
                 break
         return picks
+
+    def check_runnable(self, fields: dict[str, Any]) -> None:
+        """Fail when a new message could never start as a job here (its fields
+        cannot be a job's environment, S6.2; issue 13, D10): script mode only."""
+        if self.cfg.mode == "script":
+            problem = J.env_problem(self.base_env, self.main, self.cfg, self.store.qdir, fields)
+            if problem:
+                raise Fail(problem)
 
     def start_job(self, item: QueItem) -> bool:
         """S6.1: move `item` into run/ for the loop to spawn; False when the
