@@ -72,7 +72,10 @@ class Commands:
         return ["ok", self.state.cfg.normalised()]
 
     def cmd_status(self, _: Any) -> Any:
-        return [self.state.status()]
+        """S7.3 `[STATUS]`; while finishing is stuck on IO errors, a second
+        element says so (issue 13, D8; readers of element 0 are unaffected)."""
+        stuck = self.state.unfinished.describe()
+        return [self.state.status()] if stuck is None else [self.state.status(), stuck]
 
     def cmd_shutdown(self, _: Any) -> Any:
         self.request_stop()
@@ -82,7 +85,7 @@ class Commands:
         q = self.state
         with q.lock:
             return {"prep": len(q.index.prep), "que": len(q.index.que),
-                    "run": len(q.jobs) + len(q.unfinished) + len(self.leases.active),
+                    "run": len(q.jobs) + q.unfinished.not_in(q.jobs) + len(self.leases.active),
                     **q.index.counts}
 
     def cmd_messages(self, data: Any) -> Any:

@@ -48,6 +48,8 @@ class Job:
     kill_pending: bool = False      # destroy arrived before the spawn
     outcome: Outcome | None = None            # decided at exit (kept for retries)
     sync_dirs: list[str] | None = None        # set once the final rename is done
+    retry_at: float = 0.0           # finishing failed: monotonic time of the next try
+    retry_delay: float = 0.0        # and the wait before it (rq.queue.retry)
 
     def block_key(self, params: tuple[int, ...]) -> tuple[str, ...]:
         return param_key(self.fields, params)
