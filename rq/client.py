@@ -38,6 +38,21 @@ def queue_socket(root: str, name: str) -> str:
     return os.path.join(root, "queue", name, "queue.sock")
 
 
+SUN_PATH_MAX = 107  # Linux sockaddr_un.sun_path holds 108 bytes with the NUL
+
+
+def queue_socket_problem(root: str, name: str) -> str | None:
+    """Why queue `name` of `root` could never bind its socket, or None: the
+    path must fit in sun_path, so how long a name may be depends on the root
+    (issue 13, D7: such a queue used to be created, then crash-loop)."""
+    path = queue_socket(root, name)
+    size = len(os.fsencode(path))
+    if size <= SUN_PATH_MAX:
+        return None
+    return (f"queue name too long for this RQ root: its socket {path} would be {size} bytes, "
+            f"a Unix socket path holds at most {SUN_PATH_MAX}")
+
+
 def call(path: str, cmd: str, arg: Any = None, *, raw: bool = False,
          timeout: float | None = 60.0) -> Any:
     """Send one request to the socket at `path` and return the decoded reply."""

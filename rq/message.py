@@ -43,12 +43,12 @@ def normalize_input(data: object, now: float) -> dict[str, Any]:
     msg: dict[str, Any] = {"dest": dest}
     for key in ("src", *PARAMS):
         if data.get(key) is not None:
-            msg[key] = param_text(data[key])
+            msg[key] = _field_text(key, data[key])
     msg["due"] = _due(data.get("due"), now)
     msg["count"] = _count(data.get("count"), 0, "count")
     msg["max_count"] = _count(data.get("max_count"), DEFAULT_MAX_COUNT, "max_count")
     if data.get("orig_msg_id") not in (None, ""):  # "" means: default to our own id
-        msg["orig_msg_id"] = param_text(data["orig_msg_id"])
+        msg["orig_msg_id"] = _field_text("orig_msg_id", data["orig_msg_id"])
     webhooks = _webhooks(data.get("post_run_webhook"))
     if webhooks:
         msg["post_run_webhook"] = webhooks
@@ -79,6 +79,19 @@ def param_text(v: object) -> str:
     if isinstance(v, str):
         return v
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+
+
+def _field_text(key: str, v: object) -> str:
+    """param_text of an input field, or Fail(`invalid KEY value`) for what
+    plain JSON cannot hold (S0.3.5: an infinite number, NaN, e.g. from
+    `{"param1": 1e999}`) or what is nested too deep to write back (D9)."""
+    try:
+        return _ENCODER_STRICT.encode(v) if not isinstance(v, str) else v
+    except (ValueError, RecursionError):
+        raise Fail(f"invalid {key} value") from None
+
+
+_ENCODER_STRICT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def truthy(v: object) -> bool:

@@ -67,12 +67,18 @@ def split_request(payload: bytes) -> tuple[str, str | None]:
 
 
 def parse_json_arg(arg: str | None) -> Any:
-    """Decode a JSON ARG; a missing or invalid one is a bad request (S7.1)."""
+    """Decode a JSON ARG; a missing or invalid one is a bad request (S7.1).
+
+    Bounded: a document nested deeper than the interpreter's recursion limit
+    (a "JSON bomb" such as 100,000 `[`) and an integer of more digits than
+    int() converts are bad requests too, never an internal error (issue 13,
+    D9).  Numbers that overflow a float (`1e999`) decode as infinities; the
+    rules that take numbers refuse them (S0.3.5 plain JSON)."""
     if arg is None:
         raise ProtocolError("bad request")
     try:
         return json.loads(arg)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ProtocolError("bad request") from exc
 
 

@@ -234,6 +234,23 @@ def test_sendmesg_server_failures(rig: Rig) -> None:
                "fail invalid max_count value\n")
 
 
+def test_sendmesg_refuses_bytes_that_are_not_utf8(rig: Rig) -> None:
+    """Issue 13, D10 / S0.3.4: one clear line, exit 1 (it was the codec's own error text);
+    the "\\udcff" below is the byte 0xff on the command line (surrogateescape)."""
+    for cmd in ("sendmesg", "prepmesg", "single_que"):
+        rig.expect((cmd, "--dest", "test", "--param1", "a\udcff\udcfeb"), 1, "",
+                   "rq: --param1 is not valid UTF-8 text\n")
+    rig.expect(("sendmesg", "--dest=te\udcffst"), 1, "", "rq: --dest is not valid UTF-8 text\n")
+
+
+def test_sendmesg_refuses_a_param_no_job_environment_can_hold(rig: Rig) -> None:
+    """Issue 13, D10: refused when created (it used to be accepted, then its job exit 127)."""
+    most = 131072 - len("RQ_PARAM1=") - 1
+    rig.expect(("sendmesg", "--dest", "test", "--param1", "x" * (most + 1)), 1,
+               f"fail param1 too large for a job's environment ({most + 1} bytes, "
+               f"at most {most})\n")
+
+
 def test_sendmesg_post_run_webhook(rig: Rig) -> None:
     """A whitespace-separated --post_run_webhook is split (S4.4) and fires (S12.2)."""
     urls = ["http://127.0.0.1:9/hook-a", "http://127.0.0.1:9/hook-b"]

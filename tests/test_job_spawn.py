@@ -161,12 +161,17 @@ def test_a_nul_in_the_environment_sends_the_message_to_err(root: Path, tmp_path:
                                                            spawn_env: dict[str, str]) -> None:
     """A param holding NUL (valid JSON, fine for pull consumers) cannot go into
     a job's environment: that message goes to err with the reason, once, and
-    the queue keeps running the others (it used to crash the queue process)."""
+    the queue keeps running the others (it used to crash the queue process).
+    A script-mode queue refuses such a message at create (issue 13, D10), so
+    it gets there from pull mode: the queue is switched to script mode."""
     script = write_script(tmp_path / "ok.sh", '#!/bin/sh\necho "done $RQ_PARAM1" >&3\n')
+    make_queue(root, "z", script=script, mode="pull")
+    pulled = QueueProc(root, "z", env=spawn_env)
+    bad = pulled.call("create_message", {"dest": "z", "param1": "a\u0000b"})[1]
+    pulled.stop()
     make_queue(root, "z", script=script)
     q = QueueProc(root, "z", env=spawn_env)
     queues.append(q)
-    bad = q.call("create_message", {"dest": "z", "param1": "a\u0000b"})[1]
     q.wait_state(bad, "err")
     assert q.message(bad)["status"] == (
         "err - JOB CANNOT START - MOVING TO ERR - embedded null byte"
@@ -175,3 +180,23 @@ def test_a_nul_in_the_environment_sends_the_message_to_err(root: Path, tmp_path:
     q.wait_state(good, "done")
     assert q.message(good)["status"] == "done - fine"
     assert q.popen.poll() is None
+
+
+def test_params_over_arg_max_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 13, D10: every param fits MAX_ARG_STRLEN, but all of them with the rest of the
+    environment exceed ARG_MAX (faked small at the OS seam, as a small stack limit makes it)."""
+    from rq.config import load_main_config, load_queue_config
+    from rq.queue import jobs
+    from rqtest import make_root
+    root = make_root(tmp_path)
+    make_queue(root, "z", script="/bin/true")
+    main, cfg = load_main_config(str(root)), load_queue_config(str(root), "z")[0]
+    base = jobs.base_env(main)
+    fields = {"dest": "z", **{f"param{i}": "x" * 100_000 for i in range(1, 5)}}
+    qdir = str(root / "queue" / "z")
+    assert jobs.env_problem(base, main, cfg, qdir, fields) is None
+    monkeypatch.setattr(os, "sysconf", lambda name: 256 * 1024)
+    problem = jobs.env_problem(base, main, cfg, qdir, fields)
+    assert problem is not None and re.fullmatch(
+        r"params too large for a job's environment \(\d+ bytes with the rest of it, "
+        r"at most 262144\)", problem), problem

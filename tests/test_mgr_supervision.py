@@ -336,11 +336,62 @@ def test_create_queue_refusals(root: str, manager_for, opts, reply) -> None:
     assert os.listdir(os.path.join(root, "queue")) == []
 
 
+def longest_name(root: str) -> int:
+    """The longest queue name whose socket ROOT/queue/NAME/queue.sock fits in sun_path (107)."""
+    return 107 - (len(os.fsencode(os.path.join(root, "queue", "x", "queue.sock"))) - 1)
+
+
+def test_create_queue_refuses_a_name_too_long_for_the_root(root: str, manager_for) -> None:
+    """Issue 13, D7: a valid name (S3.1: up to 128 bytes) whose socket path cannot fit in
+    sun_path is refused with the reason; it used to be created, then crash-loop to FATAL."""
+    n = longest_name(root)
+    assert 1 <= n < 128
+    mgr = manager_for()
+    too_long = "q" * (n + 1)
+    reply = mgr.call("create_queue", {"name": too_long, "script": "/bin/true"})
+    path = os.path.join(root, "queue", too_long, "queue.sock")
+    assert reply == ["fail", f"queue name too long for this RQ root: its socket {path} would "
+                             f"be {len(path)} bytes, a Unix socket path "
+                             "holds at most 107"]
+    assert os.listdir(os.path.join(root, "queue")) == []
+    fits = "q" * n
+    assert mgr.call("create_queue", {"name": fits, "script": "/bin/true"}) == [
+        "success", "queue created - awesome"]
+    mgr.wait_state(fits, "RUNNING")
+
+
+def test_existing_queue_with_a_name_too_long_for_the_root_is_fatal_at_once(
+        root: str, manager_for) -> None:
+    """Issue 13, D7: the manager says which queue cannot start and why (status error text and
+    the log), once, instead of spawning it ten times into FATAL."""
+    name = "q" * (longest_name(root) + 1)
+    make_queue(root, name)
+    make_queue(root, "fine")
+    mgr = manager_for()
+    child = mgr.wait_state(name, "FATAL")
+    assert child["error"].startswith("queue name too long for this RQ root: its socket ")
+    assert child["restarts"] == 0 and child["pid"] is None
+    assert not os.path.exists(os.path.join(root, "queue", name, "trace"))  # never spawned
+    assert f"queue {name} cannot start: queue name too long" in mgr.log_text()
+    mgr.wait_state("fine", "RUNNING")
+
+
 def test_create_queue_bad_json(root: str, manager_for) -> None:
     mgr = manager_for()
     assert mgr.call("create_queue", "{not json", raw=True) == ["fail", "bad request"]
     assert mgr.call("create_queue") == ["fail", "bad request"]
     assert mgr.call("ping") == ["pong"]
+
+
+@pytest.mark.parametrize("cmd", ["create_queue", "reserve", "report", "renew", "subscribe"])
+def test_json_bomb_is_a_bad_request_without_a_traceback(root: str, manager_for, cmd) -> None:
+    """Issue 13, D9: JSON nested 100,000 deep is a bad request (S7.1), not an internal error
+    with a traceback in the log."""
+    mgr = manager_for()
+    assert mgr.call(cmd, "[" * 100_000, raw=True) == ["fail", "bad request"]
+    assert mgr.call(cmd, '{"name":' * 100_000, raw=True) == ["fail", "bad request"]
+    assert mgr.call("ping") == ["pong"]
+    assert "Traceback" not in mgr.log_text() + mgr.stderr()
 
 
 def test_create_queue_link(root: str, manager_for, tmp_path) -> None:

@@ -118,8 +118,11 @@ def test_s7_1_parse_json_arg(arg: str, value: object) -> None:
     assert protocol.parse_json_arg(arg) == value
 
 
-@pytest.mark.parametrize("arg", [None, "", "{", "{'a': 1}", "nope", "{} x"])
+@pytest.mark.parametrize("arg", [None, "", "{", "{'a': 1}", "nope", "{} x",
+                                 "[" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000,
+                                 '{"param1": %s}' % ("9" * 5000)])
 def test_s7_1_parse_json_arg_errors(arg: str | None) -> None:
+    """Bombs too (issue 13, D9): nested 100,000 deep, or an integer too long to convert."""
     with pytest.raises(ProtocolError, match="bad request"):
         protocol.parse_json_arg(arg)
 

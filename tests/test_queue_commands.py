@@ -188,6 +188,43 @@ def test_s7_1_invalid_utf8_payload_is_a_bad_request(shared: QueueProc) -> None:
     assert decode_reply_frame(raw_exchange(sock_path(shared), frame)) == BAD_REQUEST
 
 
+JSON_BOMBS = {"deep-array": "[" * 100_000, "deep-object": '{"a":' * 100_000,
+              "deep-in-a-field": '{"dest":"test","param1":' + "[" * 100_000,
+              "huge-integer": '{"dest":"test","param1":%s}' % ("9" * 5000)}
+
+
+@pytest.mark.parametrize("cmd", ["create_message", "prep_message", "single_que",
+                                 "get_message", "messages"])
+@pytest.mark.parametrize("bomb", sorted(JSON_BOMBS))
+def test_s7_1_json_bomb_is_a_bad_request_without_a_traceback(shared: QueueProc, cmd: str,
+                                                             bomb: str) -> None:
+    """Issue 13, D9: JSON nested 100,000 deep (or an integer of 5,000 digits) is a bad request
+    (S7.1), not an "internal error" with a traceback in the log."""
+    log = shared.root / "log" / "queuemgr.log"
+    before = log.stat().st_size
+    assert client.call(str(sock_path(shared)), cmd, JSON_BOMBS[bomb], raw=True) == BAD_REQUEST
+    assert shared.ping()
+    with open(log, "rb") as fh:
+        fh.seek(before)
+        assert b"Traceback" not in fh.read()
+
+
+@pytest.mark.parametrize("key", ["param1", "param4", "src", "orig_msg_id"])
+@pytest.mark.parametrize("literal", ["1e999", "-1e999", "NaN", "Infinity", "[1, 1e999]",
+                                     '{"k": -Infinity}', "[" * 990 + "]" * 990])
+def test_s0_3_5_a_field_plain_json_cannot_hold_is_refused(shared: QueueProc, key: str,
+                                                          literal: str) -> None:
+    """Issue 13, D9: `{"param1": 1e999}` used to be stored as the text "Infinity" (not plain
+    JSON, S0.3.5); every field kept as text now refuses what plain JSON cannot write back,
+    and so does one nested too deep to write back."""
+    before = shared.counts()
+    arg = '{"dest": "test", "%s": %s}' % (key, literal)
+    reply = client.call(str(sock_path(shared)), "create_message", arg, raw=True)
+    assert reply in (["fail", f"invalid {key} value"], BAD_REQUEST)
+    assert reply == ["fail", f"invalid {key} value"] or literal.startswith("[[")
+    assert shared.counts() == before
+
+
 @settings(max_examples=150, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=300).filter(lambda b: not b.startswith(b"rq1 ")))

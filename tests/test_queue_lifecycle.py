@@ -342,3 +342,19 @@ def test_s2_5_stop_kills_what_remains_of_a_job_group_after_the_grace(
     assert q.popen.wait(10) == 0
     assert on_disk(root, "q", full)["status"] == f"que - {SHUTDOWN}"
     wait_for(lambda: process_gone(child), 3, what="the job's remaining member to be killed")
+
+
+def test_a_name_too_long_for_the_roots_socket_path_is_a_fatal_start(root: Path) -> None:
+    """Issue 13, D7: run by hand (or by an older manager), the queue process says why it
+    cannot bind queue/NAME/queue.sock and exits 2 (FATAL, S2.3) instead of crashing with
+    `AF_UNIX path too long` into a restart loop."""
+    room = 107 - (len(os.fsencode(str(root / "queue" / "x" / "queue.sock"))) - 1)
+    name = "q" * (room + 1)
+    make_queue(root, name, "/bin/true")
+    res = subprocess.run([sys.executable, "-m", "rq.queue", "--root", str(root), "--name", name],
+                         cwd=str(root), env=dict(os.environ, PYTHONPATH=str(REPO)),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res
+    assert "ERROR cannot start: queue name too long for this RQ root: its socket " in res.stderr
+    assert "rq.queue: queue name too long for this RQ root" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -209,15 +209,49 @@ def test_s4_4_every_input_key_is_kept(paused: QueueProc) -> None:
         "post_run_webhook": ["http://hook.example/"], "force_remote": True}
 
 
-def test_s4_4_a_1_mib_message_is_accepted(paused: QueueProc) -> None:
+def test_s4_4_a_1_mib_message_is_accepted(procs: list[QueueProc], root: Path) -> None:
+    """In pull mode, where params travel over a socket (S8.2); a script-mode queue refuses
+    params no job's environment can hold (next test)."""
+    qp = start_queue(procs, root, "pulled", mode="pull")
     big = "x" * (1 << 20)
     wide = "é€😀" * 50_000
-    full = ok(paused.call("create_message", {"dest": "test", "param1": big, "param2": wide,
-                                             "param3": {"k": big}}))
-    msg = paused.message(full)
-    assert msg["param1"] == big and msg["param2"] == wide
+    full = ok(qp.call("create_message", {"dest": "pulled", "param1": big, "param2": wide,
+                                         "param3": {"k": big}, "param4": "a\u0000b"}))
+    msg = qp.message(full)
+    assert msg["param1"] == big and msg["param2"] == wide and msg["param4"] == "a\0b"
     assert msg["param3"] == json.dumps({"k": big}, separators=(",", ":"))
-    assert stored(paused, full)["param1"] == big
+    assert stored(qp, full)["param1"] == big
+
+
+ENV_MAX = 131072 - len("RQ_PARAM1=") - 1  # Linux MAX_ARG_STRLEN, with the name and the NUL
+
+
+@pytest.mark.parametrize("cmd", ["create_message", "prep_message", "single_que"])
+@pytest.mark.parametrize(("key", "value", "reason"), [
+    ("param1", "x" * (ENV_MAX + 1), f"param1 too large for a job's environment "
+                                    f"({ENV_MAX + 1} bytes, at most {ENV_MAX})"),
+    ("param4", "é" * 70_000, f"param4 too large for a job's environment "
+                             f"(140000 bytes, at most {ENV_MAX})"),
+    ("param2", "x" * 60_000_000, f"param2 too large for a job's environment "
+                                 f"(60000000 bytes, at most {ENV_MAX})"),
+    ("param3", "a\0b", "param3 holds a NUL character, which a job's environment cannot carry"),
+    ("dest", "test\0", "dest holds a NUL character, which a job's environment cannot carry"),
+])
+def test_s6_2_params_no_job_environment_can_hold_are_refused_at_create(
+        paused: QueueProc, cmd: str, key: str, value: str, reason: str) -> None:
+    """Issue 13, D10: a script-mode queue used to accept them, then the job could not start
+    (exit 127, or err for a NUL); now the create fails with the reason and nothing is kept."""
+    before = paused.counts()
+    assert paused.call(cmd, {"dest": "test", key: value}) == ["fail", reason]
+    assert paused.counts() == before
+
+
+def test_s6_2_the_largest_param_that_fits_reaches_the_job(procs: list[QueueProc],
+                                                          root: Path) -> None:
+    qp = start_queue(procs, root, "big", '#!/bin/sh\necho "done ${#RQ_PARAM1}" >&3\n')
+    full = ok(qp.call("create_message", {"dest": "big", "param1": "y" * ENV_MAX}))
+    qp.wait_state(full, "done")
+    assert qp.message(full)["status"] == f"done - {ENV_MAX}"
 
 
 @pytest.mark.parametrize("cmd", ["prep_message", "single_que"])

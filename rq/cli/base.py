@@ -114,6 +114,25 @@ def parse_flags(args: Sequence[str]) -> Flags:
     return flags
 
 
+def check_text(flags: Flags) -> None:
+    """S0.3.4: text is UTF-8.  An argument whose bytes are not (Python keeps
+    them as lone surrogates) is refused with one line, before any request
+    (issue 13, D10: it used to end in the codec's own error text)."""
+    for name, value in flags.items():
+        for text in (name, *(value if isinstance(value, list) else [value])):
+            if isinstance(text, str) and not _is_utf8(text):
+                shown = name.encode("utf-8", "replace").decode()
+                raise CliError(f"--{shown} is not valid UTF-8 text")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def usage_text() -> str:
     """S19.2: `Valid commands are:` and the sorted names, two-space indented."""
     return "\n".join(["Valid commands are:", *(f"  {name}" for name in sorted(COMMANDS))])

@@ -15,6 +15,7 @@ from rq.cli.base import (
     COMMANDS,
     HELP_ARGS,
     Invocation,
+    check_text,
     one_line,
     parse_flags,
     split_command,
@@ -39,6 +40,7 @@ def dispatch(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: Text
         print(f"Command not found: {name}", file=err)
         return 1
     flags = parse_flags(args)
+    check_text(flags)
     for flag in flags:
         if flag not in cmd.flags:
             print(f"rq: warning: ignoring unknown flag --{flag}", file=err)

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import rq
 from rq import protocol
-from rq.client import call_queue
+from rq.client import call_queue, queue_socket_problem
 from rq.config import MainConfig, QueueConfig, validate_queue_config
 from rq.errors import ConfigError, ConnectError
 from rq.fsops import FsOps
@@ -200,6 +200,9 @@ class Commands:
         qdir = os.path.join(self.queue_root, name)
         if os.path.lexists(qdir):
             return ["fail", "already created"]
+        problem = queue_socket_problem(self.root, name)
+        if problem:
+            return ["fail", problem]
         tmp = os.path.join(self.queue_root, f".{name}.new.{os.getpid()}.{threading.get_ident()}")
         try:
             os.makedirs(self.queue_root, exist_ok=True)

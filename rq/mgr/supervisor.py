@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rq import proc
-from rq.client import mgr_socket
+from rq.client import mgr_socket, queue_socket_problem
 from rq.config import MainConfig, load_queue_config
 from rq.errors import ConfigError, RQError
 from rq.fsops import FsOps
@@ -251,6 +251,11 @@ class Manager:
                 load_queue_config(self.root, child.name)
             except ConfigError as exc:
                 child.transition(State.FATAL, now, error=str(exc))
+                return
+            problem = queue_socket_problem(self.root, child.name)
+            if problem:  # it could never bind its socket: say why, no crash loop (D7)
+                log.error("queue %s cannot start: %s", child.name, problem)
+                child.transition(State.FATAL, now, error=problem)
                 return
         try:
             daemon = proc.spawn_daemon(child.argv, cwd=self.root, env=self.env)

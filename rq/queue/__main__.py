@@ -13,6 +13,7 @@ import logging
 import sys
 
 from rq import fsops
+from rq.client import queue_socket_problem
 from rq.config import load_queue_config
 from rq.daemon import Context, DaemonSpec, run_daemon
 from rq.errors import RQError, StartError
@@ -27,6 +28,9 @@ def serve(ctx: Context) -> int:
         raise StartError(str(exc)) from exc
     for text in warnings:
         log.warning("%s", text)
+    problem = queue_socket_problem(ctx.root, cfg.name)
+    if problem:  # no retry can bind it (issue 13, D7)
+        raise StartError(problem)
     from rq.queue.process import QueueProcess
     try:
         q = QueueProcess(ctx.config, cfg, fsops.from_environment(ctx.env),

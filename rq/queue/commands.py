@@ -72,7 +72,10 @@ class Commands:
         return ["ok", self.state.cfg.normalised()]
 
     def cmd_status(self, _: Any) -> Any:
-        return [self.state.status()]
+        """S7.3 `[STATUS]`; while finishing is stuck on IO errors, a second
+        element says so (issue 13, D8; readers of element 0 are unaffected)."""
+        stuck = self.state.unfinished.describe()
+        return [self.state.status()] if stuck is None else [self.state.status(), stuck]
 
     def cmd_shutdown(self, _: Any) -> Any:
         self.request_stop()
@@ -82,7 +85,7 @@ class Commands:
         q = self.state
         with q.lock:
             return {"prep": len(q.index.prep), "que": len(q.index.que),
-                    "run": len(q.jobs) + len(q.unfinished) + len(self.leases.active),
+                    "run": len(q.jobs) + q.unfinished.not_in(q.jobs) + len(self.leases.active),
                     **q.index.counts}
 
     def cmd_messages(self, data: Any) -> Any:
@@ -139,8 +142,15 @@ class Commands:
         return out
 
     # ------------------------------------------------------------ creating messages
+    def new_fields(self, data: Any, now: float) -> dict[str, Any]:
+        """The stored fields of a create request (S4.4), refused when this
+        queue could never run them (QueueState.check_runnable)."""
+        fields = message.normalize_input(data, now)
+        self.state.check_runnable(fields)
+        return fields
+
     def cmd_create_message(self, data: Any) -> Any:
-        fields = message.normalize_input(data, time.time())
+        fields = self.new_fields(data, time.time())
         return ["ok", self.state.full_id(self.enqueue.submit(fields))]
 
     def create_messages(self, args: list[str | None]) -> list[Any]:
@@ -153,7 +163,7 @@ class Commands:
         for i, arg in enumerate(args):
             try:
                 data = self.request_data("create_message", arg)
-                todo.append((i, message.normalize_input(data, now)))
+                todo.append((i, self.new_fields(data, now)))
             except Exception as exc:  # its own reply: ProtocolError, Fail, or a logged bug
                 out[i] = exc
         created = self.enqueue.submit_many([fields for _, fields in todo])
@@ -162,12 +172,12 @@ class Commands:
         return out
 
     def cmd_prep_message(self, data: Any) -> Any:
-        fields = message.normalize_input(data, time.time())
+        fields = self.new_fields(data, time.time())
         msg_id, _ = self.enqueue.allocate(fields, sync_prep=True)
         return ["ok", self.state.full_id(msg_id)]
 
     def cmd_single_que(self, data: Any) -> Any:
-        fields = message.normalize_input(data, time.time())
+        fields = self.new_fields(data, time.time())
         with self.single_lock:
             with self.state.lock:
                 item = self.state.index.latest_committed()

@@ -48,6 +48,8 @@ class Job:
     kill_pending: bool = False      # destroy arrived before the spawn
     outcome: Outcome | None = None            # decided at exit (kept for retries)
     sync_dirs: list[str] | None = None        # set once the final rename is done
+    retry_at: float = 0.0           # finishing failed: monotonic time of the next try
+    retry_delay: float = 0.0        # and the wait before it (rq.queue.retry)
 
     def block_key(self, params: tuple[int, ...]) -> tuple[str, ...]:
         return param_key(self.fields, params)
@@ -145,6 +147,47 @@ def job_env(base: dict[str, str], main: MainConfig, cfg: QueueConfig, real: str,
         if not key.startswith("RQ_"):  # env_vars never override RQ_* (S6.2)
             env[key] = str(value)
     return env
+
+
+# Linux limits on what execve takes (issue 13, D10): one "NAME=value" string of
+# the environment is at most MAX_ARG_STRLEN bytes with its NUL, and all of argv
+# and the environment (strings, NULs and one pointer each) at most ARG_MAX.
+MAX_ENV_STRING = 131072
+ENV_FIELDS = {"RQ_PARAM1": "param1", "RQ_PARAM2": "param2", "RQ_PARAM3": "param3",
+              "RQ_PARAM4": "param4", "RQ_DEST": "dest", "RQ_DEST_QUEUE": "dest",
+              "RQ_ORIG_MSG_ID": "orig_msg_id"}
+_SMALL = 4096  # fields this short (and NUL-free) always fit: no environment is built
+
+
+def env_problem(base: dict[str, str], main: MainConfig, cfg: QueueConfig, qdir: str,
+                fields: dict[str, Any]) -> str | None:
+    """Why a message with `fields` could never start as a job of this queue (its
+    S6.2 environment cannot hold them), or None.  Checked when it is created,
+    in script mode only: a pull consumer gets the fields over a socket (S8.2)."""
+    values = [str(fields.get(f) or "") for f in set(ENV_FIELDS.values())]
+    if all(len(v) <= _SMALL and "\0" not in v for v in values):
+        return None
+    msg_id = "00000000.0000.00.000.0000000000"
+    real = os.path.realpath(os.path.join(main.root, cfg.script or ""))
+    job_dir = os.path.join(qdir, "run", msg_id, "job")
+    env = job_env(base, main, cfg, real, fields, msg_id, job_dir)
+    for name, field_name in ENV_FIELDS.items():
+        value = env[name]
+        size = len(name.encode()) + 1 + len(value.encode("utf-8", "surrogatepass")) + 1
+        if "\0" in value:
+            return f"{field_name} holds a NUL character, which a job's environment cannot carry"
+        if size > MAX_ENV_STRING:
+            room = MAX_ENV_STRING - len(name) - 2
+            return (f"{field_name} too large for a job's environment "
+                    f"({size - len(name) - 2} bytes, at most {room})")
+    argv = [cfg.exec_prefix, real, real, "/bin/sh -c"]  # an upper bound of job_command
+    total = sum(len(k.encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass"))
+                + 2 + 8 for k, v in env.items()) + sum(len(a.encode()) + 1 + 8 for a in argv)
+    limit = os.sysconf("SC_ARG_MAX")
+    if total > limit:
+        return (f"params too large for a job's environment ({total} bytes with the rest of "
+                f"it, at most {limit})")
+    return None
 
 
 def spawn(job: Job, base: dict[str, str], main: MainConfig, cfg: QueueConfig) -> dict[str, Any]:

@@ -394,8 +394,7 @@ class Leases:
         try:
             q.complete(job, outcome)
         except OSError as exc:
-            log.error("cannot finish %s (%s); will retry", job.msg_id, exc)
-            q.unfinished.append(job)
+            q.unfinished.failed(job, exc, time.monotonic())
         q.wake()
 
     # -------------------------------------------------------------- recovery and listing

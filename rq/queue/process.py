@@ -124,6 +124,7 @@ class QueueProcess:
             self.begin_stop()
         self.spawn_pending()
         with self.state.lock:
+            self.state.prepare_buckets(time.time(), time.monotonic())
             self.reap()
             self.check_deadlines(time.monotonic())
             self.cron.run_pass(time.time() if now is None else now)  # S9.3, any mode
@@ -148,9 +149,12 @@ class QueueProcess:
                 timeout = min(timeout, 0.05)  # a job slow to read fd 4 (S6.5)
             if self.state.to_spawn:
                 timeout = 0.0
-            if self.state.unfinished or self.state.retry_soon:
+            if self.state.retry_soon:
                 self.state.retry_soon = False
                 timeout = min(timeout, 0.5)
+            retry_at = self.state.unfinished.next_at()  # a stuck finish backs off (D8)
+            if retry_at is not None:
+                timeout = min(timeout, max(0.0, retry_at - mono))
         return timeout
 
     def take_lock_file(self) -> None:
@@ -304,8 +308,7 @@ class QueueProcess:
         for entry in due_kills:
             self.group_kills.remove(entry)
             proc.signal_group(entry[1], signal.SIGKILL)
-        for job in list(self.state.unfinished):
-            self.state.unfinished.remove(job)
+        for job in self.state.unfinished.due(mono):
             self.finish(job)
 
     # ================================================================ finishing (S6.6)
@@ -316,10 +319,9 @@ class QueueProcess:
         try:
             self.state.complete(job, outcome)
         except OSError as exc:
-            log.error("cannot finish %s (%s); will retry", job.msg_id, exc)
-            if job not in self.state.unfinished:
-                self.state.unfinished.append(job)
+            self.state.unfinished.failed(job, exc, time.monotonic())
             return
+        self.state.unfinished.finished(job, time.monotonic())
         self.state.jobs.pop(job.msg_id, None)
         if self.state.stopping and self.stop_kill_at is not None:
             # S2.5 step 4: what remains of the group is SIGKILLed when the grace ends

@@ -23,17 +23,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rq import client, proc, protocol
+from rq import client, message, proc, protocol
 from rq.config import MainConfig, QueueConfig
-from rq.errors import RQError
+from rq.errors import Fail, RQError
 from rq.events import EventLog
 from rq.fsops import FsOps, read_json
 from rq.queue import jobs as J
 from rq.queue.index import Index, QueItem
+from rq.queue.retry import Unfinished
 from rq.store import Store
 
 log = logging.getLogger(__name__)
 COUNT_REFRESH = 60.0      # S7.3: counts reflect outside removals within 60 s
+PASS_RETRY = 5.0          # a failed bucket creation is tried again after this
 
 
 class QueueState:
@@ -50,7 +52,10 @@ class QueueState:
         self.wake = wake                        # ask the loop for a pass (S2.6)
         self.jobs: dict[str, J.Job] = {}        # script mode: running jobs by message id
         self.to_spawn: list[J.Job] = []         # moved into run/, spawned by the loop
-        self.unfinished: list[J.Job] = []       # ended, but finishing hit an IO error
+        self.unfinished = Unfinished()          # ended, but finishing hit an IO error
+        self.buckets_made: set[str] = set()     # hashdir buckets made ahead (D8)
+        self.bucket_sync: list[str] = []        # their parents still to fsync
+        self.bucket_retry_at = 0.0
         self.pass_hooks: list[Callable[[float], None]] = []  # run first in every pass
         self.script_error: str | None = None
         self.retry_soon = False                 # a start failed on IO: pass again soon
@@ -111,7 +116,7 @@ class QueueState:
 
     def due_picks(self, now: float) -> list[QueItem]:
         """The due messages to start now: S5.1 order, S5.2 blocking, free slots."""
-        slots = self.cfg.num_workers - len(self.jobs) - len(self.unfinished)
+        slots = self.cfg.num_workers - len(self.jobs) - self.unfinished.not_in(self.jobs)
         if slots <= 0:
             return []
         params = self.cfg.blocking_params
@@ -128,6 +133,45 @@ class QueueState:
             if len(picks) >= slots:
                 break
         return picks
+
+    def check_runnable(self, fields: dict[str, Any]) -> None:
+        """Fail when a new message could never start as a job here (its fields
+        cannot be a job's environment, S6.2; issue 13, D10): script mode only."""
+        if self.cfg.mode == "script":
+            problem = J.env_problem(self.base_env, self.main, self.cfg, self.store.qdir, fields)
+            if problem:
+                raise Fail(problem)
+
+    def prepare_buckets(self, now: float, mono: float) -> None:
+        """Make the hashdir buckets (S3.2) a finish will need before it needs
+        them, at most a minute early: the last, this and the next minute's
+        while the queue has work, and those of the running jobs' ids.  A finish then
+        renames into an existing directory, which needs no new inode, so a full
+        disk does not stop messages from finishing (issue 13, D8).  Only
+        done/, and relayed/ once this queue has relayed messages."""
+        if mono < self.bucket_retry_at or not (self.jobs or self.index.que):
+            return
+        wanted = {message.bucket(job_id) for job_id in self.jobs}
+        # the last minute too: a message created just before a minute ended
+        wanted |= {time.strftime("%Y%m%d/%H/%M", time.gmtime(now + d)) for d in (-60, 0, 60)}
+        states = ("done", "relayed") if self.index.counts.get("relayed") else ("done",)
+        try:
+            self.store.sync_dirs(self.bucket_sync)
+            for state in states:
+                for bucket in sorted(wanted):
+                    path = os.path.join(self.store.state_dir(state), bucket)
+                    if path not in self.buckets_made:
+                        self.bucket_sync += self.fs.makedirs(path)
+                        self.store.sync_dirs(self.bucket_sync)
+                        self.buckets_made.add(path)
+        except OSError as exc:
+            if self.bucket_retry_at == 0.0:
+                log.warning("cannot make done/relayed buckets ahead: %s", exc)
+            self.bucket_retry_at = mono + PASS_RETRY
+            return
+        self.bucket_retry_at = 0.0
+        if len(self.buckets_made) > 256:  # the cleaner may remove old ones: forget them
+            self.buckets_made = {p for p in self.buckets_made if p.endswith(tuple(wanted))}
 
     def start_job(self, item: QueItem) -> bool:
         """S6.1: move `item` into run/ for the loop to spawn; False when the
