@@ -30,6 +30,7 @@ import pytest
 from rq import client
 from rq.errors import RQError
 from rq.fsck import check_root
+from rq.message import bucket
 from rqtest import REPO, free_port, make_queue, make_root, read_events, wait_for, write_script
 from webtest import web_pid
 
@@ -208,11 +209,10 @@ def test_sigkill_schedule_loses_nothing(tmp_path: Path) -> None:
     assert report.problems == []
     states = report.states["crash"]
     qdir = root / "queue" / "crash"
-    done_paths = {p.name: p for p in (qdir / "done").glob("*/*")}  # one walk, not one per id
     for msg_id in acked:
         state = states.get(msg_id)
         assert state in ("done", "err"), (msg_id, state)
-        path = done_paths[msg_id] if state == "done" else qdir / "err" / msg_id
+        path = qdir / state / bucket(msg_id) / msg_id if state == "done" else qdir / "err" / msg_id
         status = (path / "status").read_text()
         if state == "done":
             assert '"ok"' in status, status
