@@ -249,15 +249,8 @@ class Leases:
         return lease
 
     def undo_take(self, job: LeaseJob) -> None:
-        q = self.state
-        q.index.release_dups(job.dups)
-        q.store.discard_file(os.path.join(job.path, LEASE_FILE))
-        try:
-            q.store.move(job.msg_id, "run", "que", sync=False)
-        except OSError:
-            log.error("run/%s stays in run until the next start recovers it", job.msg_id)
-            return
-        q.index.add_que(job.msg_id, job.fields.get("due", 0), job.fields)
+        self.state.store.discard_file(os.path.join(job.path, LEASE_FILE))
+        self.state.unspawn(job)
 
     def reservation(self, lease: Lease) -> dict[str, Any]:
         """RES of S8.2."""

@@ -232,7 +232,7 @@ class QueueState:
         os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644))
 
     def unspawn(self, job: J.Job) -> None:
-        """A job that could not be started goes back to que, to be retried."""
+        """A job (or a lease) that could not be started goes back to que, to be retried."""
         self.jobs.pop(job.msg_id, None)
         self.index.release_dups(job.dups)
         self.retry_soon = True
