@@ -14,15 +14,15 @@ import signal
 import subprocess
 
 import pytest
+from rqtest import wait_for, write_root
 from test_mgr_support import (
+    MAIN_CONFIG,
     FakeManager,
     events,
     make_queue,
-    make_root,
     pid_alive,
     raw_request,
     trace,
-    wait_for,
     write_queue_config,
 )
 
@@ -132,7 +132,7 @@ def test_describe_is_the_status_child_shape() -> None:
 
 @pytest.fixture
 def root(tmp_path: os.PathLike[str]) -> str:
-    return make_root(str(tmp_path))
+    return write_root(str(tmp_path), MAIN_CONFIG, "queue")
 
 
 @pytest.fixture
@@ -172,8 +172,9 @@ def test_start_runs_one_process_per_valid_queue(root: str, manager_for) -> None:
 def test_children_get_root_cwd_and_environment(tmp_path) -> None:
     tmpdir = tmp_path / "tmpdir"
     tmpdir.mkdir()
-    root = make_root(str(tmp_path / "root"), {"env": "staging", "host": "h", "port": "3334",
-                                              "addr": "0.0.0.0", "tmpdir": str(tmpdir)})
+    root = write_root(str(tmp_path / "root"), {"env": "staging", "host": "h", "port": "3334",
+                                              "addr": "0.0.0.0", "tmpdir": str(tmpdir)},
+                      "queue")
     make_queue(root, "alpha")
     mgr = FakeManager(root)
     try:
