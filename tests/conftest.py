@@ -113,6 +113,23 @@ def mgr_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     mgr.stop()
 
 
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Headless Chromium shared by a module's browser tests (tests/browser.py)."""
+    from browser import TIMEOUT_MS, chromium
+    with chromium(TIMEOUT_MS) as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser: object) -> Iterator[object]:
+    """A fresh page that answers confirm() with OK (data-confirm buttons); the test fails
+    if JavaScript raised on it."""
+    from browser import TIMEOUT_MS, checked_page
+    with checked_page(browser, TIMEOUT_MS, accept_dialogs=True) as pg:
+        yield pg
+
+
 @pytest.fixture
 def app(mgr_root: Path):  # noqa: ANN201 - a flask.Flask
     from web import create_app
