@@ -414,16 +414,11 @@ def test_flag_that_cannot_change(root: str, manager_for, cmd, verb) -> None:
     assert mgr.call(cmd, "stuck", raw=True) == ["fail", f"not allowed to {verb}"]
 
 
-@pytest.mark.parametrize("data", [
-    b"rq2 00000004 ping",          # bad magic
-    b"rq1 0000000x ping",          # bad size
-    b"rq1 00000010 ping",          # short read
-    b"rq1 00000004ping",           # no separator
-    b"",
-])
-def test_malformed_frames(root: str, manager_for, data: bytes) -> None:
+def test_malformed_frames(root: str, manager_for) -> None:
+    """Bad frames are tested on the rq1 server itself (tests/test_sockserve.py); this is the
+    proof that the manager answers through it."""
     mgr = manager_for()
-    reply = raw_request(os.path.join(root, "config", "queuemgr.sock"), data)
+    reply = raw_request(os.path.join(root, "config", "queuemgr.sock"), b"rq2 00000004 ping")
     assert reply in (protocol.encode_reply(["fail", "bad request"]), b"")
     assert mgr.call("ping") == ["pong"]
 
