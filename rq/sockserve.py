@@ -153,6 +153,9 @@ class Rq1Server:
         self._stopping = True
         os.write(self._wake_w, b"x")
         io.join(reply_grace)  # it closes the listening socket and unread connections
+        if not io.is_alive():  # closed here, never while close() may still write to it
+            os.close(self._wake_r)
+            os.close(self._wake_w)
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -193,8 +196,6 @@ class Rq1Server:
                 r.conn.close()
             self._sel.close()
             self._sock.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
 
     def _select_timeout(self) -> float | None:
         deadlines = [r.deadline for r in self._reading.values()]

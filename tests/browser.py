@@ -13,6 +13,8 @@ import os
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-s
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+TIMEOUT_MS = 20_000  # Playwright's waits (actions, expect) in the browser tests
 
 
 def browser_unavailable() -> str | None:
@@ -93,6 +96,33 @@ class WebServer:
 
 def launch_browser(playwright: Any) -> Any:
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+@contextmanager
+def chromium(expect_timeout_ms: int = TIMEOUT_MS) -> Iterator[Any]:
+    """Headless Chromium for a module's tests; Playwright's expect() waits this long."""
+    from playwright.sync_api import expect, sync_playwright
+    expect.set_options(timeout=expect_timeout_ms)
+    with sync_playwright() as playwright:
+        browser = launch_browser(playwright)
+        yield browser
+        browser.close()
+
+
+@contextmanager
+def checked_page(browser: Any, timeout_ms: int, *, accept_dialogs: bool = False) -> Iterator[Any]:
+    """A page in a context of its own; when the block ends, no JavaScript error may have
+    happened on it.  `accept_dialogs` answers confirm() (data-confirm buttons) with OK."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(timeout_ms)
+    if accept_dialogs:
+        pg.on("dialog", lambda dialog: dialog.accept())
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield pg
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
 
 
 def screenshot(page: Any, name: str) -> Path:

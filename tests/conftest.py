@@ -1,4 +1,5 @@
-"""pytest fixtures shared by every test module: see tests/rqtest.py."""
+"""pytest fixtures shared by every test module (see tests/rqtest.py), and how the test files
+are spread over pytest-xdist workers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rqtest import QueueProc, make_root, write_driver  # noqa: E402
 
 Launch = Callable[..., QueueProc]
+
+# ---------------------------------------------------------------- xdist: one worker per file
+# scripts/test runs `-n N --dist loadfile`: every test of a file runs on one worker, so a
+# module-scoped fixture (a shared rq-mgr, a browser) starts once.  On top of that, the files
+# that run Spark or Chromium share one worker (two JVMs or two browsers at once on a two-core
+# machine only slow each other down into their timeouts), and the longest files are handed
+# out first, so that no worker starts one of them while the others are about to finish.
+SHARED_WORKER = {name: "spark-chromium" for name in (
+    "test_analytics_cluster.py", "test_analytics_e2e.py", "test_analytics_transform.py",
+    "test_browser.py", "test_browser_stats.py", "test_web_xss.py")}
+START_FIRST = ("spark-chromium", "test_web_security.py", "test_relay_faults.py",
+               "test_crash.py", "test_cli_e2e.py", "test_pull_consumers.py",
+               "test_check_rq.py", "test_cron_queue.py", "test_faults.py", "test_timers.py")
+
+
+def worker_group(nodeid: str) -> str:
+    """The unit of work a test belongs to: its file's name, or the group sharing a worker."""
+    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return SHARED_WORKER.get(name, name)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):
+        return  # not an xdist worker: collection order
+
+    def rank(item: pytest.Item) -> int:
+        group = worker_group(item.nodeid)
+        return START_FIRST.index(group) if group in START_FIRST else len(START_FIRST)
+    items.sort(key=rank)  # stable: a file's tests keep their order
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: no error where xdist is not installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """--dist loadfile, with the work units of worker_group (xdist's own loadfile scheduler
+    is this one with the file as the unit)."""
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own choice
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+    config.option.loadscopereorder = False  # keep the order made above
+    return FileGroupScheduling(config, log)
 
 
 @pytest.fixture
@@ -66,6 +111,23 @@ def mgr_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     mgr = Mgr(root)
     yield root
     mgr.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Headless Chromium shared by a module's browser tests (tests/browser.py)."""
+    from browser import TIMEOUT_MS, chromium
+    with chromium(TIMEOUT_MS) as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser: object) -> Iterator[object]:
+    """A fresh page that answers confirm() with OK (data-confirm buttons); the test fails
+    if JavaScript raised on it."""
+    from browser import TIMEOUT_MS, checked_page
+    with checked_page(browser, TIMEOUT_MS, accept_dialogs=True) as pg:
+        yield pg
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rq import client
 
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 STATES = ("prep", "que", "run", "done", "relayed", "err")
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01,
+def wait_for(cond: Callable[[], Any], timeout: float = 15.0, interval: float = 0.01,
              what: str = "condition") -> Any:
     """Poll `cond` until it returns a truthy value; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -33,13 +33,24 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0
         time.sleep(interval)
 
 
+PathT = TypeVar("PathT", str, Path)
+
+
+def write_root(path: PathT, config: Any, *dirs: str) -> PathT:
+    """A root at `path` (returned as given): config/config.json holding `config` (a str as
+    it is, anything else as JSON) and the directories `dirs` below it."""
+    for d in ("config", *dirs):
+        os.makedirs(os.path.join(path, d), exist_ok=True)
+    text = config if isinstance(config, str) else json.dumps(config)
+    with open(os.path.join(path, "config", "config.json"), "w") as fh:
+        fh.write(text)
+    return path
+
+
 def make_root(base: Path, *, port: int = 3333, **extra: Any) -> Path:
-    root = base / "rqroot"
-    for d in ("config", "queue", "scandir", "timers", "log/events"):
-        (root / d).mkdir(parents=True, exist_ok=True)
+    """The root `base`/rqroot with every directory of a real one and a test main config."""
     cfg = {"env": "test", "host": "127.0.0.1", "port": port, "addr": "127.0.0.1", **extra}
-    (root / "config" / "config.json").write_text(json.dumps(cfg))
-    return root
+    return write_root(base / "rqroot", cfg, "queue", "scandir", "timers", "log/events")
 
 
 def write_script(path: Path, body: str) -> Path:

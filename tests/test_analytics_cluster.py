@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import pytest
 import requests
 
 from rq.events import encode_event
-from rqtest import REPO, make_root, wait_for
+from rqtest import REPO, free_port, make_root, wait_for
 
 pytestmark = [pytest.mark.timeout(900),
               pytest.mark.skipif(shutil.which("java") is None,
@@ -31,12 +30,6 @@ MASTER = "org.apache.spark.deploy.master.Master"
 WORKER = "org.apache.spark.deploy.worker.Worker"
 T0 = 1767225600  # 2026-01-01T00:00:00Z
 VOLATILE = ("run_id", "generated_at", "duration_s", "stages_s", "master")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_history(tree: Path) -> int:

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import WebServer, browser_unavailable, launch_browser, screenshot
+from browser import browser_unavailable, screenshot
 from rqtest import make_queue, short_id, wait_for, write_script
-from webtest import Mgr, build_root
+from webtest import build_root, running
 
 from rq import client
 
@@ -37,7 +37,6 @@ while [ ! -e "$RQ_PARAM1" ]; do sleep 0.05; done
 printf 'second line \033[32mall green\033[0m\n'
 echo "done finished" >&3
 """
-TIMEOUT_MS = 20_000
 
 
 @dataclass
@@ -58,38 +57,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     make_queue(root, "nightly", script=base / "done.sh",
                schedule=[{"cron": "0 3 * * *", "param1": "full"}])
     make_queue(root, "relay", script=base / "done.sh")  # a builtin name (S3.8)
-    mgr = Mgr(root)
-    try:
-        web = WebServer(root)
-    except BaseException:
-        mgr.stop()
-        raise
-    yield Site(root, base, web.url)
-    web.stop()
-    mgr.stop()
-
-
-@pytest.fixture(scope="module")
-def browser(site: Site) -> Iterator[Any]:
-    from playwright.sync_api import expect, sync_playwright
-    expect.set_options(timeout=TIMEOUT_MS)
-    with sync_playwright() as playwright:
-        chromium = launch_browser(playwright)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    pg = context.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    pg.on("dialog", lambda dialog: dialog.accept())  # data-confirm buttons
-    errors: list[str] = []
-    pg.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield pg
-    context.close()
-    assert not errors, f"JavaScript errors on the page: {errors}"
+    with running(root, web=True) as web:
+        yield Site(root, base, web.url)
 
 
 def expect(locator: Any) -> Any:

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import WebServer, browser_unavailable, launch_browser, screenshot
+from browser import WebServer, browser_unavailable, screenshot
 from rqtest import REPO, make_queue, short_id, wait_for, write_script
-from webtest import Mgr, build_root
+from webtest import build_root, running
 
 from rq import client
 from rq.install import builtin_queue_config
@@ -49,7 +49,6 @@ UNAVAILABLE = browser_unavailable() or analytics_unavailable()
 pytestmark = [pytest.mark.skipif(UNAVAILABLE is not None, reason=f"cannot run: {UNAVAILABLE}"),
               pytest.mark.timeout(900)]
 
-TIMEOUT_MS = 20_000
 JOB_TIMEOUT_MS = 420_000  # one Spark run on a busy 2-core machine
 # param1 "err" fails the message with a status text, anything else completes it.
 FLAKY_SCRIPT = """#!/bin/sh
@@ -84,8 +83,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     root = build_root(base)
     make_queue(root, "flaky", script=write_script(base / "flaky.sh", FLAKY_SCRIPT))
     make_queue(root, **builtin_queue_config("analytics"))  # as rq-install creates it
-    mgr = Mgr(root)
-    try:
+    with running(root):
         sent = [("test", send(root, "test")) for _ in range(SENT["test"][0])]
         sent += [("flaky", send(root, "flaky", param1="err", param2=str(i)))
                  for i in range(SENT["flaky"][1])]
@@ -94,34 +92,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             wait_for(lambda: state(root, queue, full) in ("done", "err"), 60,  # noqa: B023
                      what=f"{full} to finish")
         web = WebServer(root)
-    except BaseException:
-        mgr.stop()
-        raise
-    yield Site(root, web.url)
-    web.stop()
-    mgr.stop()
-
-
-@pytest.fixture(scope="module")
-def browser(site: Site) -> Iterator[Any]:
-    from playwright.sync_api import expect, sync_playwright
-    expect.set_options(timeout=TIMEOUT_MS)
-    with sync_playwright() as playwright:
-        chromium = launch_browser(playwright)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    pg = context.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    errors: list[str] = []
-    pg.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield pg
-    context.close()
-    assert not errors, f"JavaScript errors on the page: {errors}"
+        try:
+            yield Site(root, web.url)
+        finally:
+            web.stop()
 
 
 def expect(locator: Any) -> Any:

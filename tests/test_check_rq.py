@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import base64
 import os
-import socket
 import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
+from rqtest import REPO, free_port
 
-REPO = Path(__file__).resolve().parents[1]
 CHECK_RQ = REPO / "bin" / "check_rq"
 
 
@@ -209,13 +207,6 @@ def test_server_and_port_from_rq_port(rq_http: FakeRQ) -> None:
     expect(res, 0, "OK: all queue tests normal")
     res = check_rq(None, "--server=127.0.0.1", f"--port={rq_http.port}", RQ_PORT="1")
     expect(res, 0, "OK: all queue tests normal")
-
-
-def free_port() -> int:
-    """A loopback port that nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_connect_failure() -> None:

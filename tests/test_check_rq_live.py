@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import requests
-from rqtest import REPO, make_queue, make_root, wait_for, write_script
+from rqtest import REPO, free_port, make_queue, make_root, wait_for, write_script
 from webtest import DONE_SCRIPT, Mgr, rq_mgr
 
 from rq.client import call_mgr, call_queue
@@ -25,13 +25,6 @@ CHECK_RQ = REPO / "bin" / "check_rq"
 ERR_SCRIPT = '#!/bin/sh\necho "err broken on purpose" >&3\n'
 
 StartRQ = Callable[..., Path]
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_of(root: Path) -> int:

@@ -21,15 +21,9 @@ from rq.config import (
     validate_queue_config,
 )
 from rq.errors import ConfigError, RootError, UsageError
+from rqtest import write_root
 
 MAIN = {"env": "test", "host": "127.0.0.1", "port": 3333, "addr": "0.0.0.0"}
-
-
-def make_root(path: Path, config: object = None) -> Path:
-    (path / "config").mkdir(parents=True, exist_ok=True)
-    text = config if isinstance(config, str) else json.dumps(MAIN if config is None else config)
-    (path / "config" / "config.json").write_text(text)
-    return path
 
 
 # ---------------------------------------------------------------- S3.3 TRUTHY
@@ -57,32 +51,32 @@ def test_truthy(value: object, expected: bool) -> None:
 ])
 def test_find_root_option_at_any_position(tmp_path: Path, argv: list[str],
                                           rest: list[str]) -> None:
-    root = make_root(tmp_path / "r")
+    root = write_root(tmp_path / "r", MAIN)
     argv = [a.replace("{root}", str(root)) for a in argv]
     assert find_root("rq", argv, {"RQ_ROOT": "/elsewhere"}) == (str(root), rest)
 
 
 def test_find_root_option_relative_is_made_absolute(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    make_root(tmp_path / "r")
+    write_root(tmp_path / "r", MAIN)
     monkeypatch.chdir(tmp_path)
     assert find_root("rq", ["--root", "r"], {}) == (str(tmp_path / "r"), [])
 
 
 def test_find_root_env(tmp_path: Path) -> None:
-    root = make_root(tmp_path / "r")
+    root = write_root(tmp_path / "r", MAIN)
     assert find_root("rq-mgr", ["start"], {"RQ_ROOT": str(root)}) == (str(root), ["start"])
 
 
 @pytest.mark.parametrize("start", [".", "queue", "queue/test/que"])
 def test_find_root_walks_up_from_cwd(tmp_path: Path, start: str) -> None:
-    root = make_root(tmp_path / "r")
+    root = write_root(tmp_path / "r", MAIN)
     (root / start).mkdir(parents=True, exist_ok=True)
     assert find_root("rq", ["ls"], {}, cwd=str(root / start)) == (str(root), ["ls"])
 
 
 def test_find_root_uses_process_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = make_root(tmp_path / "r")
+    root = write_root(tmp_path / "r", MAIN)
     (root / "log").mkdir()
     monkeypatch.chdir(root / "log")
     assert find_root("rq", [], {}) == (str(root), [])
@@ -94,7 +88,7 @@ def test_find_root_given_root_without_config(tmp_path: Path, how: str) -> None:
             "env": []}[how]
     env = {"RQ_ROOT": str(tmp_path)} if how == "env" else {}
     with pytest.raises(RootError) as exc:
-        find_root("rq-mgr", argv, env, cwd=str(make_root(tmp_path / "other")))
+        find_root("rq-mgr", argv, env, cwd=str(write_root(tmp_path / "other", MAIN)))
     assert str(exc.value) == (
         f"rq-mgr: not an RQ root: {tmp_path} (missing config/config.json)")
 
@@ -116,7 +110,7 @@ def test_find_root_option_without_value(tmp_path: Path) -> None:
 
 
 def test_main_config_defaults(tmp_path: Path) -> None:
-    cfg = load_main_config(str(make_root(tmp_path)))
+    cfg = load_main_config(str(write_root(tmp_path, MAIN)))
     assert cfg == MainConfig(root=str(tmp_path), env="test", host="127.0.0.1", port=3333,
                              addr="0.0.0.0", tmpdir=None, allow_new_queue=False,
                              relative_root="/", basic_auth=None, allowed_ips=None,
@@ -128,7 +122,7 @@ def test_main_config_defaults(tmp_path: Path) -> None:
 
 def test_main_config_all_keys(tmp_path: Path) -> None:
     (tmp_path / "tmp").mkdir()
-    cfg = load_main_config(str(make_root(tmp_path, {
+    cfg = load_main_config(str(write_root(tmp_path, {
         **MAIN, "port": "8080", "tmpdir": str(tmp_path / "tmp"), "allow_new_queue": "yes",
         "relative_root": "/therq", "basic_auth": {"realm": "R", "users": {"u": "p"}},
         "allowed_ips": ["10.0."], "session_secret": "s3",
@@ -152,13 +146,13 @@ def test_main_config_all_keys(tmp_path: Path) -> None:
     ("//", "/"), ("/a/b", "/a/b/"),
 ])
 def test_main_config_relative_root(tmp_path: Path, given: str, root: str) -> None:
-    cfg = load_main_config(str(make_root(tmp_path, {**MAIN, "relative_root": given})))
+    cfg = load_main_config(str(write_root(tmp_path, {**MAIN, "relative_root": given})))
     assert cfg.relative_root == root
 
 
 def test_main_config_relative_tmpdir_is_under_root(tmp_path: Path) -> None:
     (tmp_path / "tmp").mkdir()
-    cfg = load_main_config(str(make_root(tmp_path, {**MAIN, "tmpdir": "tmp"})))
+    cfg = load_main_config(str(write_root(tmp_path, {**MAIN, "tmpdir": "tmp"})))
     assert cfg.tmpdir == str(tmp_path / "tmp")
 
 
@@ -190,14 +184,14 @@ def test_main_config_invalid(tmp_path: Path, change: dict[str, Any], reason: str
     data = {**MAIN, **change}
     data = {k: v for k, v in data.items() if not (k in MAIN and v is None)}
     with pytest.raises(ConfigError) as exc:
-        load_main_config(str(make_root(tmp_path, data)))
+        load_main_config(str(write_root(tmp_path, data)))
     assert str(exc.value) == reason
 
 
 def test_main_config_tmpdir_is_a_file(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("")
     with pytest.raises(ConfigError, match=r"^tmpdir .*/f is not a writable directory$"):
-        load_main_config(str(make_root(tmp_path, {**MAIN, "tmpdir": str(tmp_path / "f")})))
+        load_main_config(str(write_root(tmp_path, {**MAIN, "tmpdir": str(tmp_path / "f")})))
 
 
 @pytest.mark.parametrize("text, reason", [
@@ -205,7 +199,7 @@ def test_main_config_tmpdir_is_a_file(tmp_path: Path) -> None:
 ])
 def test_main_config_unparsable(tmp_path: Path, text: str, reason: str) -> None:
     with pytest.raises(ConfigError, match=reason):
-        load_main_config(str(make_root(tmp_path, text)))
+        load_main_config(str(write_root(tmp_path, text)))
 
 
 def test_main_config_missing_file(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import requests
 from rqtest import make_queue, read_events, wait_for
-from webtest import Mgr, build_root
+from webtest import Mgr, build_root, running
 
 from rq import client
 from rq.config import load_main_config
@@ -29,9 +29,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                       relative_root="/therq")
     make_queue(root, "enc", script="/bin/true", topic="video.encode")
     (root / "config" / "enc.pause").write_text("")
-    mgr = Mgr(root)
-    yield root
-    mgr.stop()
+    with running(root):
+        yield root
 
 
 def url(root: Path) -> str:

@@ -6,18 +6,16 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import pytest
+from rqtest import free_port, wait_for, write_root
 from test_mgr_support import (
     MAIN_CONFIG,
     env_with_repo,
     make_queue,
-    make_root,
     pid_alive,
-    wait_for,
 )
 
 from rq.client import call_mgr, call_queue
@@ -55,17 +53,11 @@ def read_log(root: str) -> str:
         return f.read()
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on now: the manager starts a real web server (S2.2)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def root(tmp_path) -> str:  # type: ignore[no-untyped-def]
     """A fresh root; any manager left running by a failed test is stopped."""
-    path = make_root(str(tmp_path / "root"), {**MAIN_CONFIG, "port": free_port()})
+    path = write_root(str(tmp_path / "root"), {**MAIN_CONFIG, "port": free_port()},
+                      "queue")
     yield path
     pid = pidfile.running_pid(path)
     if pid is not None:
@@ -212,7 +204,8 @@ def test_stale_pid_file_is_replaced(root: str) -> None:
 
 
 def test_manager_of_another_root_does_not_count(root: str, tmp_path) -> None:
-    other = make_root(str(tmp_path / "other"), {**MAIN_CONFIG, "port": free_port()})
+    other = write_root(str(tmp_path / "other"), {**MAIN_CONFIG, "port": free_port()},
+                      "queue")
     assert rq_mgr("--root", other, "start").returncode == 0
     try:
         with open(os.path.join(root, "config", "queuemgr.pid"), "w") as f:

@@ -35,7 +35,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.abspath(__file__)
@@ -56,14 +55,6 @@ def env_with_repo(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def make_root(path: str, config: dict[str, Any] | None = None) -> str:
-    os.makedirs(os.path.join(path, "config"), exist_ok=True)
-    os.makedirs(os.path.join(path, "queue"), exist_ok=True)
-    with open(os.path.join(path, "config", "config.json"), "w") as f:
-        json.dump(MAIN_CONFIG if config is None else config, f)
-    return path
-
-
 def make_queue(root: str, name: str, **extra: Any) -> str:
     qdir = os.path.join(root, "queue", name)
     for state in ("prep", "que", "run", "done", "relayed", "err"):
@@ -77,18 +68,6 @@ def write_queue_config(root: str, name: str, data: dict[str, Any]) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(data, f)
     os.rename(path + ".tmp", path)
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    """Poll `cond` until it returns something truthy; fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def trace(root: str, name: str) -> list[list[str]]:
@@ -142,6 +121,7 @@ class FakeManager:
             [sys.executable, HERE, "manager", root, json.dumps(policy or FAST_POLICY)],
             env=env_with_repo(), stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
             start_new_session=True)
+        from rqtest import wait_for  # not at the top: the stand-in child imports stdlib only
         wait_for(self.answers, what="manager ping")
 
     def answers(self) -> bool:
@@ -170,7 +150,8 @@ class FakeManager:
         def check() -> dict[str, Any] | None:
             child = self.queue(name)
             return child if child is not None and child["state"] == state else None
-        return wait_for(check, timeout, f"queue {name} {state}")
+        from rqtest import wait_for
+        return wait_for(check, timeout, what=f"queue {name} {state}")
 
     def stderr(self) -> str:
         with open(os.path.join(self.root, "manager.stderr"), errors="replace") as f:

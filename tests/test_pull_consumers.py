@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from rqtest import REPO, make_queue, read_events, short_id, wait_for, write_script
-from webtest import Mgr, build_root
+from webtest import build_root, running
 
 from rq import client
 
@@ -74,9 +74,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     make_queue(root, "kill", mode="pull", topic="kill.me", lease_timeout=2)
     make_queue(root, "lat", mode="pull", topic="lat.x")
     make_queue(root, "lat2", mode="pull", topic="lat.y")
-    mgr = Mgr(root)
-    yield Site(root)
-    mgr.stop()
+    with running(root):
+        yield Site(root)
 
 
 def drain(site: Site, transport: str, patterns: list[str]) -> list[dict[str, Any]]:

@@ -13,10 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from rqtest import REPO, write_root
 
-REPO = Path(__file__).resolve().parents[1]
 RC_RQ = REPO / "bin" / "rc.rq"
 USAGE = "Usage: rc.rq {start|stop|restart|reload|status}\n"
+MAIN = {"env": "test", "host": "localhost", "port": 3333, "addr": "127.0.0.1"}
 
 FAKE_MGR = """#!/bin/sh
 # Fake rq-mgr: logs its arguments, answers `status` from FAKE_PID, exits FAKE_RC otherwise.
@@ -38,19 +39,12 @@ def rc_rq(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
-def make_root(path: Path) -> Path:
-    (path / "config").mkdir(parents=True)
-    (path / "config" / "config.json").write_text(
-        '{"env": "test", "host": "localhost", "port": 3333, "addr": "127.0.0.1"}')
-    return path
-
-
 @pytest.fixture
 def fake(tmp_path: Path) -> dict[str, str]:
     mgr = tmp_path / "fake-rq-mgr"
     mgr.write_text(FAKE_MGR)
     mgr.chmod(0o755)
-    root = make_root(tmp_path / "root")
+    root = write_root(tmp_path / "root", MAIN)
     return {"RQMGR": str(mgr), "RQDIR": str(root), "FAKE_LOG": str(tmp_path / "calls.log")}
 
 

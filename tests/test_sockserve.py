@@ -1,7 +1,11 @@
 """The rq1 server (rq/sockserve.py, S7.1): close() lets replies being written
 reach their clients (the "ok" of `shutdown` arrives before the process exits);
 one I/O thread reads every request, a slow or broken client holds up no one,
-and the requests of a batch command read in one pass are answered together."""
+and the requests of a batch command read in one pass are answered together.
+
+Bad frames (bad magic, bad size, short reads, garbage) are tested here once: the
+manager, queue and timers processes all serve their socket with this server, and
+their own tests keep one smoke test each that a bad frame reaches it."""
 
 from __future__ import annotations
 
@@ -15,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rqtest import decode_reply_frame, raw_exchange
 
 from rq import client, protocol, sockserve
 from rq.errors import Fail, ProtocolError
@@ -253,3 +260,108 @@ def test_accept_failures_pause_accepting_instead_of_spinning(
         for s in opened:
             s.close()
         server.close()
+
+
+# ---------------------------------------------------------------- bad frames (S7.1)
+
+BAD_REQUEST = ["fail", "bad request"]
+
+
+def daemon_handler(cmd: str, arg: Any, conn: Any) -> Any:
+    """Answers like a daemon: ping -> pong, status -> PAUSE, the rest echoed."""
+    return {"ping": ["pong"], "status": ["PAUSE"]}.get(cmd, ["ok", cmd, arg])
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One server shared by the bad-frame tests (none of them changes it): its socket."""
+    path = str(tmp_path_factory.mktemp("frames") / "s.sock")
+    server = Rq1Server(path, daemon_handler)
+    server.start()
+    yield path
+    assert pings(path), "the server stopped answering during the bad-frame tests"
+    server.close()
+
+
+def pings(path: str) -> bool:
+    return client.call(path, "ping") == ["pong"]
+
+
+@pytest.mark.parametrize("header", [
+    b"rq2 00000004 ", b"RQ1 00000004 ", b"rq100000004 p", b"GET / HTTP/1.", b"\x00" * 13,
+])
+def test_s7_1_bad_magic_is_a_bad_request(served: str, header: bytes) -> None:
+    assert len(header) == protocol.HEADER_LEN
+    assert decode_reply_frame(raw_exchange(served, header)) == BAD_REQUEST
+    assert pings(served)
+
+
+@pytest.mark.parametrize("header", [
+    b"rq1 0000000x ", b"rq1 -0000004 ", b"rq1 +0000004 ", b"rq1  0000004 ", b"rq1 00000004x",
+    b"rq1 0x000004 ", b"rq1 4 ping   ", b"rq1 \xd9\xa4000000 ", b"rq1 0000 004 ",
+])
+def test_s7_1_bad_size_field_is_a_bad_request(served: str, header: bytes) -> None:
+    assert len(header) == protocol.HEADER_LEN
+    assert decode_reply_frame(raw_exchange(served, header)) == BAD_REQUEST
+    assert pings(served)
+
+
+@pytest.mark.parametrize("frame", [b"rq2 00000004 ping", b"rq1 0000000x create_message {}",
+                                   b"rq1 99999999 create_message {\"dest\":\"x\"}"])
+def test_s7_1_bad_frame_followed_by_more_bytes_is_answered(served: str, frame: bytes) -> None:
+    try:
+        raw = raw_exchange(served, frame)
+    finally:
+        assert pings(served)
+    assert decode_reply_frame(raw) == BAD_REQUEST
+
+
+@pytest.mark.parametrize("frame", [
+    b"", b"rq1", b"rq1 0000", b"rq1 00000010 ping", b"rq1 00000020 create_message {\"de",
+])
+def test_s7_1_short_read_with_half_close_is_answered(served: str, frame: bytes) -> None:
+    """S7.1: a short read is answered with bad request when a reply can still be sent (the
+    client shut down only its write side)."""
+    assert decode_reply_frame(raw_exchange(served, frame)) == BAD_REQUEST
+    assert pings(served)
+
+
+def test_s7_1_client_that_closes_early_does_not_hurt_the_daemon(served: str) -> None:
+    for frame in (b"rq1 0000", b"rq1 00000100 create_message {", b"rq1 00000004 pi"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(served)
+            sock.sendall(frame)
+        # a client that connects and closes without a byte
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+    assert client.call(served, "ping") == ["pong"]
+    assert client.call(served, "status") == ["PAUSE"]
+
+
+def test_s7_1_huge_size_is_refused_without_waiting_for_the_bytes(served: str) -> None:
+    """A frame announcing ~100 MB is refused at once: the client keeps its socket open and
+    still gets the reply (well before the server's read deadline)."""
+    raw = raw_exchange(served, b"rq1 99999999 ", half_close=False, timeout=10)
+    assert decode_reply_frame(raw) == BAD_REQUEST
+    assert decode_reply_frame(raw_exchange(served, b"rq1 50000000 ")) == BAD_REQUEST
+    assert pings(served)
+
+
+def test_s7_1_one_request_one_reply_then_the_server_closes(served: str) -> None:
+    """Without half-closing, the client still reads exactly one frame, then EOF."""
+    raw = raw_exchange(served, protocol.encode_request("ping"), half_close=False)
+    assert decode_reply_frame(raw) == ["pong"]
+
+
+def test_s7_1_invalid_utf8_payload_is_a_bad_request(served: str) -> None:
+    frame = protocol.encode_frame(b"create_message {\"dest\": \"\xff\xfe\"}")
+    assert decode_reply_frame(raw_exchange(served, frame)) == BAD_REQUEST
+
+
+@settings(max_examples=150, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=300).filter(lambda b: not b.startswith(b"rq1 ")))
+def test_s7_1_random_garbage_is_a_bad_request(served: str, garbage: bytes) -> None:
+    """Any garbage is answered with a bad request (the server drains what it did not read
+    before closing, so no reply is lost to a reset) and never hurts the daemon."""
+    assert decode_reply_frame(raw_exchange(served, garbage)) == BAD_REQUEST
+    assert client.call(served, "ping") == ["pong"]

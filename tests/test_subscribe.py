@@ -371,9 +371,17 @@ def test_s8_8_ten_thousand_transitions_and_a_stalled_subscriber(mgr_root: Path) 
 # ---------------------------------------------------------------- rq watch (S19)
 
 
+def default_sigint() -> None:
+    """In the child: SIGINT as a terminal user's `rq watch` has it.  A process started
+    with SIGINT ignored keeps it ignored (a test worker of pytest-xdist is such a parent,
+    and so is a shell's `cmd &`), and then Ctrl-C could not be what the test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def rq(root: Path, *args: str, **kw: Any) -> subprocess.Popen[str]:
     return subprocess.Popen([str(REPO / "bin" / "rq"), "--root", str(root), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint, **kw)
 
 
 def read_lines(proc: subprocess.Popen[str], n: int, until: str | None = None) -> list[str]:

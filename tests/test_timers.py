@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import requests
-from rqtest import make_queue, wait_for
+from rqtest import decode_reply_frame, make_queue, raw_exchange, wait_for
 from webtest import DONE_SCRIPT, Mgr, build_root, rq_mgr
 
 from rq.client import call_mgr
@@ -286,6 +286,9 @@ def test_s10_2_s10_6_invalid_files_and_failed_fires_count_errors(
     write_timer(root, "bad", "{")
     start(root, managers)
     wait_status(root, {"sent": 0, "errors": 1})
+    # the timers daemon serves its socket with the rq1 server (bad frames: test_sockserve.py)
+    bad_magic = raw_exchange(root / "config" / "timers.sock", b"rq2 00000004 ping")
+    assert decode_reply_frame(bad_magic) == ["fail", "bad request"]
     log = (root / "log" / "queuemgr.log").read_text()
     assert "rq-timers[" in log and "ERROR timer bad: rejected timers/bad.json" in log
 

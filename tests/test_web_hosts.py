@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 
 import pytest
 from rqtest import wait_for
-from webtest import Mgr, build_root
+from webtest import Mgr, build_root, running
 
 from rq.web.security import host_allowed, host_name
 
@@ -56,9 +56,8 @@ def test_a_star_admits_every_name() -> None:
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = build_root(tmp_path_factory.mktemp("hosts"), host="rq.example.com",
                       allowed_hosts=["dash.example.org"])
-    mgr = Mgr(root)
-    yield root
-    mgr.stop()
+    with running(root):
+        yield root
 
 
 def request(root: Path, method: str, target: str, host: str,

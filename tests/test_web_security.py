@@ -39,7 +39,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.exceptions import HTTPException
 from rqtest import make_queue, short_id, wait_for
-from webtest import Mgr, build_root
+from webtest import Mgr, build_root, running
 
 from rq import client as rqclient
 from rq import protocol
@@ -264,32 +264,30 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     (base / "a.txt").write_text("attachment a\n")
     old_env = os.environ.get("RQ_TEST_ENV_CANARY")
     os.environ["RQ_TEST_ENV_CANARY"] = ENV_MARKER  # inherited by rq-mgr and its web server
-    mgr = Mgr(root)
     try:
-        web = WebServer(root)
-        done_full = rqclient.call_queue(str(root), "test", "prep_message", {"dest": "test"})[1]
-        done_id = short_id(done_full)
-        assert rqclient.call_queue(str(root), "test", "attach_message",
-                                   {"msg_id": done_id, "pathname": str(base / "a.txt"),
-                                    "name": "a.txt"})[0] == "ok"
-        assert rqclient.call_queue(str(root), "test", "commit_message",
-                                   {"msg_id": done_id})[0] == "ok"
-        finished(root, "test", done_full)
-        prep_id = prep_with_attachment(root, "test", base / "a.txt")
-        victim_done = finished(root, "victim", rqclient.call_queue(
-            str(root), "victim", "create_message", {"dest": "victim"})[1])
-        victim_prep = prep_with_attachment(root, "victim", base / "a.txt")
-        found = Store(str(root), "test").locate(done_id)
-        assert found is not None and found[0] == "done"
-        plant_symlinks(root, outside, Path(found[1]))
-        secrets = [s.encode() for s in (MARKER, CFG_MARKER, SECRET, ENV_MARKER)]
-        secrets += [b"def create_app(", b"def load_main_config("]
-        secrets += [line for line in (first_line("/etc/passwd"), first_line("/etc/shadow")) if line]
-        yield Site(base, root, outside, create_app(str(root)), web, done_id, prep_id,
-                   victim_done, victim_prep, secrets)
-        web.stop()
+        with running(root, web=True) as web:
+            done_full = rqclient.call_queue(str(root), "test", "prep_message", {"dest": "test"})[1]
+            done_id = short_id(done_full)
+            assert rqclient.call_queue(str(root), "test", "attach_message",
+                                       {"msg_id": done_id, "pathname": str(base / "a.txt"),
+                                        "name": "a.txt"})[0] == "ok"
+            assert rqclient.call_queue(str(root), "test", "commit_message",
+                                       {"msg_id": done_id})[0] == "ok"
+            finished(root, "test", done_full)
+            prep_id = prep_with_attachment(root, "test", base / "a.txt")
+            victim_done = finished(root, "victim", rqclient.call_queue(
+                str(root), "victim", "create_message", {"dest": "victim"})[1])
+            victim_prep = prep_with_attachment(root, "victim", base / "a.txt")
+            found = Store(str(root), "test").locate(done_id)
+            assert found is not None and found[0] == "done"
+            plant_symlinks(root, outside, Path(found[1]))
+            secrets = [s.encode() for s in (MARKER, CFG_MARKER, SECRET, ENV_MARKER)]
+            secrets += [b"def create_app(", b"def load_main_config("]
+            secrets += [line for line in (first_line("/etc/passwd"), first_line("/etc/shadow"))
+                        if line]
+            yield Site(base, root, outside, create_app(str(root)), web, done_id, prep_id,
+                       victim_done, victim_prep, secrets)
     finally:
-        mgr.stop()
         if old_env is None:
             os.environ.pop("RQ_TEST_ENV_CANARY", None)
         else:

@@ -19,7 +19,7 @@ from rq import client
 from rq.builtin import jobio
 from rq.builtin import webhook as W
 from rqtest import free_port, make_queue, short_id, wait_for, write_script
-from webtest import Mgr, build_root, install_builtin
+from webtest import build_root, install_builtin, running
 
 # ================================================================ pure decisions
 
@@ -103,7 +103,8 @@ class Site:
         install_builtin(self.root, "webhook")
         bad = write_script(base / "bad.sh", '#!/bin/sh\necho "fail by design" >&3\n')
         make_queue(self.root, "bad", script=bad)
-        self.mgr = Mgr(self.root)
+
+    def wait_up(self) -> None:
         for name in ("test", "bad", "webhook"):
             wait_for(lambda n=name: self.ping(n), 60, what=f"queue {name} up")
 
@@ -146,8 +147,9 @@ class Site:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     s = Site(tmp_path_factory.mktemp("webhook"))
-    yield s
-    s.mgr.stop()
+    with running(s.root):
+        s.wait_up()
+        yield s
 
 
 @pytest.fixture

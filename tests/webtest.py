@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import psutil
-from pathlib import Path
 
 from rqtest import REPO, free_port, make_queue, make_root, write_script
 
@@ -36,6 +39,24 @@ def build_root(base: Path, **main: object) -> Path:
     script = write_script(base / "done.sh", DONE_SCRIPT)
     make_queue(root, "test", script=script)
     return root
+
+
+@contextmanager
+def running(root: Path, *, web: bool = False) -> Iterator[Any]:
+    """rq-mgr on `root` for the length of the block, the life of a module's shared `site`;
+    with `web`, the dashboard answering too (browser.WebServer, yielded; None otherwise).
+    Both are stopped afterwards, also when a start fails."""
+    manager = Mgr(root)
+    server = None
+    try:
+        if web:
+            from browser import WebServer
+            server = WebServer(root)
+        yield server
+    finally:
+        if server is not None:
+            server.stop()
+        manager.stop()
 
 
 # ---------------------------------------------------------------- builtin queues, mgr with env
