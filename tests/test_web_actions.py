@@ -22,6 +22,7 @@ from rq import client as rqclient
 from rq.config import load_main_config
 from rq.errors import ConnectError
 from rqtest import job, make_queue, short_id, wait_for, write_driver
+from webtest import pull_queue
 from rq.web import create_app
 from rq.web.forms import nested, parse_nested, split_name
 
@@ -491,13 +492,16 @@ def test_new_message_json_forms(mgr_root: Path, client: FlaskClient,
 
 
 def test_new_message_multipart_field_of_over_a_mib(mgr_root: Path, client: FlaskClient) -> None:
+    """S4.4's 1 MiB message through a multipart form; to a pull-mode queue, since a
+    script-mode one refuses a param no job's environment can hold (issue 13, D10)."""
+    pull_queue(mgr_root, "bigpull")
     big = "x" * (1024 * 1024 + 10)
-    body = multipart([("mesg", None, json.dumps({"dest": "test", "param3": big,
+    body = multipart([("mesg", None, json.dumps({"dest": "bigpull", "param3": big,
                                                  "_method": "prep"}).encode())])
-    resp = client.post("/q/test/new_message", data=body,
+    resp = client.post("/q/bigpull/new_message", data=body,
                        content_type="multipart/form-data; boundary=XyZzY")
     ok, full = resp.get_json()
-    assert ok == "ok" and message(mgr_root, "test", full)["param3"] == big
+    assert ok == "ok" and message(mgr_root, "bigpull", full)["param3"] == big
 
 
 def test_new_message_html_form_with_back(mgr_root: Path, client: FlaskClient) -> None:

@@ -16,15 +16,13 @@ import selectors
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 from rqtest import make_queue, short_id, wait_for
-from webtest import Mgr, build_root
+from webtest import Mgr, build_root, pull_queue, web_pid
 
-from rq.client import call_mgr
 
 LONG_SLOTS = 64  # web.limits.LONG_SLOTS, rq-web's default
 
@@ -122,11 +120,6 @@ def short_request_seconds(port: int, path: str) -> float:
     status, _, _ = request(port, "GET", path, timeout=5)
     assert status == 200, path
     return time.monotonic() - start
-
-
-def web_pid(root: Path) -> int:
-    reply = call_mgr(str(root), "status", timeout=10)
-    return int(reply[1]["web"]["pid"])
 
 
 def prep_message(port: int) -> str:
@@ -273,7 +266,9 @@ def test_large_json_body_is_413_without_growing_the_web(web: dict[str, Any]) -> 
     """Issue 13 D9: a body above max_body_bytes (default 8 MiB) is refused before it is
     read into memory; S4.4's 1 MiB message still goes through."""
     port = web["port"]
-    proc = psutil.Process(web_pid(web["root"]))
+    pid = web_pid(web["root"])
+    assert pid is not None
+    proc = psutil.Process(pid)
     before = proc.memory_info().rss
     big = b'{"dest": "x", "param1": "' + b"y" * (24 * 1024 * 1024) + b'"}'
     status, reply = post_json(port, "/q/test/new_message", big)
@@ -281,8 +276,9 @@ def test_large_json_body_is_413_without_growing_the_web(web: dict[str, Any]) -> 
     grown = proc.memory_info().rss - before
     print(f"web RSS grew {grown / 2**20:.1f} MiB on a 24 MiB JSON body")
     assert grown < 12 * 1024 * 1024
+    pull_queue(web["root"], "bigpull")  # script mode refuses a 1 MiB param (D10)
     one_mib = b'{"dest": "x", "_method": "prep", "param1": "' + b"z" * (1 << 20) + b'"}'
-    status, reply = post_json(port, "/q/test/new_message", one_mib)
+    status, reply = post_json(port, "/q/bigpull/new_message", one_mib)
     assert status == 200 and reply[0] == "ok", reply
 
 

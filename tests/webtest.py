@@ -8,8 +8,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from rqtest import REPO, free_port, make_queue, make_root, write_script
 
 DONE_SCRIPT = ('#!/bin/sh\necho "run working"  >&3\necho "hello from $RQ_MSG_ID"\n'
@@ -94,16 +92,30 @@ class EnvMgr(Mgr):
 
 
 def web_pid(root: Path) -> int | None:
-    """The pid of the root's running rq-web: the manager's child titled `[rq-web]` (S2.1)."""
+    """The pid of the root's running rq-web, from the manager's `status` (S7.2); None while
+    the manager or the web is down."""
+    from rq import client
+    from rq.errors import RQError
     try:
-        mgr = psutil.Process(int((root / "config" / "queuemgr.pid").read_text().split()[0]))
-        children = mgr.children()
-    except (OSError, ValueError, psutil.Error):
+        reply = client.call_mgr(str(root), "status", timeout=10)
+        return int(reply[1]["web"]["pid"])
+    except (RQError, LookupError, TypeError, ValueError):
         return None
-    for child in children:
+
+
+def pull_queue(root: Path, name: str) -> None:
+    """A pull-mode queue (S8) created through the running manager, once it answers.  Its
+    messages may hold params no job's environment could (1 MiB, S4.4): consumers get them
+    over the socket, so only script-mode queues refuse those (issue 13, D10)."""
+    from rq import client
+    from rq.errors import ConnectError
+    from rqtest import wait_for
+    reply = client.call_mgr(str(root), "create_queue", {"name": name, "mode": "pull"})
+    assert reply in (["success", "queue created - awesome"], ["fail", "already created"]), reply
+
+    def answers() -> bool:
         try:
-            if child.cmdline()[:1] == ["[rq-web]"]:
-                return child.pid
-        except psutil.Error:
-            continue
-    return None
+            return client.call_queue(str(root), name, "ping", timeout=5) == ["pong"]
+        except ConnectError:
+            return False
+    wait_for(answers, 30, what=f"pull queue {name} to answer")
