@@ -417,9 +417,10 @@ def diff(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
 
 
 def runtime_file(rel: str) -> bool:
-    """Files daemons rewrite on their own: logs, sockets, pids."""
+    """Files daemons rewrite on their own: logs, sockets, pids, and the pool of spare message
+    directories a queue refills in the background (rq/spares.py)."""
     parts = rel.split(os.sep)
-    return parts[0] == "log" or parts[-1] in ("queue.sock", "queue.pid", "queuemgr.sock",
+    return parts[0] == "log" or ".spare" in parts or parts[-1] in ("queue.sock", "queue.pid", "queuemgr.sock",
                                               "queuemgr.pid")
 
 

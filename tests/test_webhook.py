@@ -118,14 +118,15 @@ class Site:
         return client.call_queue(str(self.root), queue, cmd, arg)
 
     def hook_messages(self) -> list[dict[str, Any]]:
-        """Every message of the webhook queue, as read."""
-        out = []
+        """Every message of the webhook queue, as read: one entry per message (a message that
+        moves que -> run between two listings is listed twice; each is read once, as it is now)."""
+        out: dict[str, dict[str, Any]] = {}
         for state in ("que", "run", "done", "err"):
             for entry in self.call("webhook", "messages", {"state": state}):
                 reply = self.call("webhook", "get_message", {"msg_id": entry["msg_id"]})
                 if reply[0] == "ok":
-                    out.append(reply[1])
-        return out
+                    out[reply[1]["msg_id"]] = reply[1]
+        return list(out.values())
 
     def hook_for(self, url: str) -> dict[str, Any] | None:
         found = [m for m in self.hook_messages() if m.get("param1") == url]
