@@ -420,8 +420,8 @@ def runtime_file(rel: str) -> bool:
     """Files daemons rewrite on their own: logs, sockets, pids, and the pool of spare message
     directories a queue refills in the background (rq/spares.py)."""
     parts = rel.split(os.sep)
-    return parts[0] == "log" or ".spare" in parts or parts[-1] in ("queue.sock", "queue.pid", "queuemgr.sock",
-                                              "queuemgr.pid")
+    daemon_files = ("queue.sock", "queue.pid", "queuemgr.sock", "queuemgr.pid")
+    return parts[0] == "log" or ".spare" in parts or parts[-1] in daemon_files
 
 
 def outside_snapshot(site: Site) -> dict[str, tuple]:
