@@ -8,7 +8,8 @@ once, against that one rq-web:
 * 200 slowloris connections from 127.0.0.2: 100 trickle a request's headers and 100 the JSON
   body of a `POST /q/test/new_message`, a byte per connection every TRICKLE seconds;
 * 100 open `GET /events` streams and 100 `POST /consumer/reserve` waiting 60 s;
-* a thread sending deep JSON, a body over max_body_bytes and a malformed multipart upload.
+* a thread sending deep JSON, a body over max_body_bytes, an upload announcing more than
+  max_upload_bytes and a malformed multipart upload.
 
 Meanwhile a well-behaved client asks `/` and `/q.json` over fresh connections: every answer
 is a 200 and the p99 stays under 1 s (the issue's bound); rq-web's peak RSS and USS are
@@ -200,12 +201,16 @@ class Trickler:
 
 
 def hostile_bodies(port: int, stop: threading.Event, statuses: list[int]) -> None:
-    """Deep JSON, a body over max_body_bytes (8 MiB) and a broken multipart upload, again
-    and again: each must be one 4xx."""
+    """Deep JSON, a body over max_body_bytes (8 MiB), an upload announcing more than
+    max_upload_bytes and a broken multipart upload, again and again: each one 4xx."""
     deep = b"[" * 100_000 + b"]" * 100_000
     large = b'{"dest": "x", "param1": "' + b"y" * (9 * 2**20) + b'"}'
     broken = b"--B\r\nContent-Disposition: form-data; name=\"filedata\"; filename=\"a\"\r\n\r\nxx"
+    upload = post(port, "/q/test/nosuchmsg/attach/new", b"x" * 65536,
+                  "multipart/form-data; boundary=B").replace(
+        b"Content-Length: 65536", b"Content-Length: %d" % (40 * 2**20))  # over 32 MiB
     requests_ = [post(port, "/consumer/reserve", deep), post(port, "/q/test/new_message", large),
+                 upload,
                  post(port, "/q/test/nosuchmsg/attach/new", broken,
                       "multipart/form-data; boundary=B")]
     while not stop.is_set():
