@@ -28,8 +28,9 @@ SHARED_WORKER = {
     **{name: "chromium" for name in (
         "test_browser.py", "test_browser_stats.py", "test_web_xss.py")}}
 START_FIRST = ("spark", "chromium", "test_web_security.py", "test_relay_faults.py",
-               "test_crash.py", "test_cli_e2e.py", "test_pull_consumers.py",
-               "test_check_rq.py", "test_cron_queue.py", "test_faults.py", "test_timers.py")
+               "test_crash.py", "test_power_loss_fs.py", "test_cli_e2e.py",
+               "test_pull_consumers.py", "test_check_rq.py", "test_cron_queue.py",
+               "test_faults.py", "test_timers.py")
 
 
 def worker_group(nodeid: str) -> str:
