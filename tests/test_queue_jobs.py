@@ -21,9 +21,9 @@ import pytest
 
 import rq
 from rqtest import (
-    RQ_START_RE, LifelineQueueProc, QueueProc, create_msg, job_log, make_queue, make_root,
-    msg_events, process_gone, short_id, start_header_pids, wait_file, wait_final, wait_for,
-    write_driver, write_script,
+    RQ_START_RE, LifelineQueueProc, QueueProc, create_msg, free_port, job_log, make_queue,
+    make_root, msg_events, process_gone, short_id, start_header_pids, wait_file, wait_final,
+    wait_for, write_driver, write_script,
 )
 from rqtest import job as ops
 
@@ -553,6 +553,38 @@ def test_s6_5_dup_to_another_local_queue(root: Path, tmp_path: Path,
     assert copy_att.read_bytes() == b"attached bytes"
     assert copy_att.stat().st_ino == orig_att.stat().st_ino
     assert other.call("delete_message", {"msg_id": copy_id}) == ["ok", "msg deleted"]
+
+
+def test_s6_5_dup_waits_for_a_target_rq_mgr_is_starting(tmp_path: Path) -> None:
+    """A dup to a queue rq-mgr is still bringing up (BACKOFF here: its socket path is blocked
+    by a directory) waits for it (rq/queue/dup.py START_GRACE) instead of failing `couldn't
+    connect`: after a restart every queue starts at once, and a re-run job must not fail
+    because its target was a moment late (found by tests/test_power_loss_fs.py)."""
+    from webtest import running
+
+    from rq import client
+    root = make_root(tmp_path, port=free_port())
+    make_queue(root, "src", script=write_script(tmp_path / "src.sh", (
+        '#!/bin/sh\necho "dup 0-X-late" >&3\nread r <&4\necho "done got $r" >&3\n')))
+    make_queue(root, "late", script=write_script(tmp_path / "late.sh", "#!/bin/sh\n"))
+    blocker = root / "queue" / "late" / "queue.sock"
+    blocker.mkdir()
+
+    def message(full: str) -> dict[str, Any]:
+        return client.call_queue(str(root), "src", "get_message", {"msg_id": full})[1]
+
+    with running(root):
+        late = client.call(client.mgr_socket(str(root)), "status")[1]["queues"]["late"]
+        assert late["state"] == "BACKOFF", late
+        full = client.call_queue(str(root), "src", "create_message", {"dest": "src"})[1]
+        sent = wait_for(lambda: (m := message(full))["status"].endswith("0-X-late")
+                        or m["state"] in ("done", "err") and m, 30, what="dup sent")
+        assert sent is True, f"the dup did not wait for its target: {sent['status']}"
+        blocker.rmdir()
+        end = wait_for(lambda: (m := message(full))["state"] in ("done", "err") and m, 30,
+                       interval=0.05, what="src job finished")
+    assert end["state"] == "done" and end["status"].startswith("done - got ok "), end
+    assert "/q/late/" in end["status"]
 
 
 def test_s6_5_dup_replies(root: Path, tmp_path: Path, dup_setup: dict[str, Any]) -> None:

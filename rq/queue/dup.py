@@ -17,6 +17,14 @@ from rq.config import MainConfig
 from rq.errors import RQError
 from rq.fsops import is_regular
 
+# A target rq-mgr reports as STARTING or BACKOFF is on its way up (all queues of a root start
+# together, so after a restart a re-run job may dup to a queue that is not listening yet):
+# the copy waits for it this long before `fail couldn't connect`.  A target nobody is
+# starting (no manager, stopped, FATAL) fails at once, as S6.5 says.
+START_GRACE = 15.0
+START_POLL = 0.2
+COMING_UP = frozenset({"STARTING", "BACKOFF"})
+
 COPIED = ("orig_msg_id", "max_count", "src", "param1", "param2", "param3", "param4",
           "post_run_webhook")
 
@@ -36,8 +44,7 @@ def make_dup(main: MainConfig, own: str, fields: dict[str, Any], path: str,
     """Do the dup and return the reply line for fd 4 (without newline)."""
     name = target_queue(newdest, main.relative_root)
     copy = copy_fields(fields, newdest, due_secs, time.time())
-    if not protocol.valid_queue_name(name) or \
-            not os.path.exists(client.queue_socket(main.root, name)):
+    if not protocol.valid_queue_name(name) or not wait_listening(main.root, name):
         return f"fail couldn't connect to queue - {name}"
     attach_dir = os.path.join(path, "attach")
     names = sorted(n for n in os.listdir(attach_dir) if not n.startswith(".")
@@ -49,6 +56,35 @@ def make_dup(main: MainConfig, own: str, fields: dict[str, Any], path: str,
         return _with_attachments(main, name, copy, attach_dir, names)
     except RQError:
         return f"fail couldn't connect to queue - {name}"
+
+
+def listening(root: str, name: str) -> bool:
+    """Whether queue `name` answers a ping on its socket."""
+    try:
+        return client.call(client.queue_socket(root, name), "ping", timeout=5) == ["pong"]
+    except RQError:
+        return False
+
+
+def coming_up(root: str, name: str) -> bool:
+    """Whether this root's rq-mgr is starting queue `name` (STARTING or BACKOFF)."""
+    try:
+        reply = client.call(client.mgr_socket(root), "status", timeout=5)
+        child = reply[1]["queues"].get(name) if reply[0] == "ok" else None
+    except (RQError, LookupError, TypeError, AttributeError):
+        return False
+    return isinstance(child, dict) and child.get("state") in COMING_UP
+
+
+def wait_listening(root: str, name: str) -> bool:
+    """True once the target answers; waits up to START_GRACE only while rq-mgr says it is
+    coming up.  Runs on the job's helper thread (or a consumer's request), never the loop."""
+    deadline = time.monotonic() + START_GRACE
+    while not listening(root, name):
+        if time.monotonic() >= deadline or not coming_up(root, name):
+            return False
+        time.sleep(START_POLL)
+    return True
 
 
 def _with_attachments(main: MainConfig, name: str, copy: dict, attach_dir: str,
