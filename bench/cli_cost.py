@@ -55,8 +55,10 @@ def main() -> int:
                     help="also time `rq sendmesg` with another checkout's rq package first on "
                          "PYTHONPATH (same interpreter, interleaved): a before/after in one run")
     ap.add_argument("--no-bytecode-cache", action="store_true",
-                    help="keep PYTHONDONTWRITEBYTECODE as given, so every call compiles what "
-                         "it imports when it is set (how figures before 2026-11-26 were taken)")
+                    help="keep PYTHONDONTWRITEBYTECODE as given: when it is set no cache is "
+                         "written, so a module without a __pycache__ entry beside it is compiled "
+                         "on every call (how figures before 2026-11-26 were taken, in a checkout "
+                         "that had none)")
     add_common_args(ap)
     args = ap.parse_args()
     rq = os.path.join(os.path.dirname(sys.executable), "rq")
