@@ -84,6 +84,23 @@ def test_queues_as_json(rig: Rig) -> None:
     assert jq["counts"] == client.call_queue(str(rig.root), "jq", "num_messages")
 
 
+def test_reserve_as_json(rig: Rig) -> None:
+    """A pull queue made with `rq createqueue --mode pull` (S8.1); `reserve --json` prints
+    null when nothing is there, else the S8.2 reservation alone."""
+    assert rig.rq("createqueue", "--name", "pq", "--mode", "pull").triple == (
+        0, "ok pq running\n", "")
+    try:
+        assert json_out(rig, "reserve", "--pattern", "pq") is None
+        full = rig.send("pq", "--dest", "pq", "--param1", "p")
+        res = json_out(rig, "reserve", "--pattern", "pq", "--wait", "5", "--consumer", "t")
+        assert isinstance(res, dict)
+        assert (res["full_msg_id"], res["queue"], res["topic"]) == (full, "pq", "pq")
+        assert rig.rq("report", "--msg_id", full, "--token", res["token"],
+                      "--line", "done ok").code == 0
+    finally:
+        assert rig.rq("deletequeue", "--queue", "pq").code == 0
+
+
 def test_json_errors_are_one_line_on_stderr(rig: Rig) -> None:
     gone = rig.full("jq", "20100625.0127.35.122.7509656")
     for cmd in ("state", "statusmesg", "statuscountmesg", "showmesg", "attachstatusmesg"):
@@ -152,6 +169,23 @@ def test_create_from_a_file_and_its_errors(rig: Rig, tmp_path: Path) -> None:
             1, "", "rq: queue not found: nosuch\n")
     finally:
         assert rig.rq("deletequeue", "--queue", "fromfile").code == 0
+
+
+def test_a_linked_config_is_not_replaced(rig: Rig, tmp_path: Path) -> None:
+    """`create_queue_link` (S7.2) makes config.json a link to the user's own file:
+    `update_queue` refuses to write over it, and says what to do instead."""
+    own = tmp_path / "linked.json"
+    own.write_text(json.dumps({"name": "linked", "script": str(rig.base / "job.sh"),
+                               "exec_prefix": ""}))
+    assert client.call_mgr(str(rig.root), "create_queue_link", str(own), raw=True)[0] == "success"
+    try:
+        assert rig.rq("configqueue", "--queue", "linked", "--num_workers", "2").triple == (
+            1, "", f"rq: cannot change queue linked: the config of queue linked is a link to "
+                   f"{own.resolve()}: change that file, then reload\n")
+        assert json.loads(own.read_text())["name"] == "linked"
+        assert "num_workers" not in json.loads(own.read_text())
+    finally:
+        assert rig.rq("deletequeue", "--queue", "linked").code == 0
 
 
 def test_delete_is_refused_while_messages_run_and_force_drains(rig: Rig) -> None:
