@@ -119,7 +119,7 @@ def load_command(name: str) -> Command | None:
 def split_command(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     """(command, the arguments after it) with `--root PATH`/`--root=PATH`
     taken out wherever they are (S1.2 rule 1); the root itself is found by
-    config.find_root."""
+    rq.root.find_root."""
     rest: list[str] = []
     args = iter(argv)
     for arg in args:
