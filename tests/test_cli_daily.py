@@ -238,6 +238,15 @@ def test_every_command_and_flag_has_help() -> None:
             assert text and sample.startswith(f"--{flag}"), (name, flag)
 
 
+def test_a_closed_pipe_is_not_an_error() -> None:
+    """`rq completion bash | head`: no `Broken pipe` line when the reader stops early (here
+    `true`, gone long before Python has started, so every write meets a closed pipe)."""
+    res = subprocess.run(f"set -o pipefail; '{REPO / 'bin' / 'rq'}' completion bash | true",
+                         shell=True, executable="bash", capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (res.returncode, res.stdout, res.stderr) == (0, "", "")
+
+
 def test_command_help_as_a_subprocess() -> None:
     res = run_prog([str(REPO / "bin" / "rq"), "configqueue", "--help"])
     assert (res.code, res.err) == (0, "")
@@ -273,6 +282,8 @@ def test_bash_completion(rig: Rig) -> None:
     assert complete(rig, "sendmesg", "--d") == ["--dest", "--due"]
     assert "--json" in complete(rig, "showmesg", "--")
     assert "--force" in complete(rig, "deletequeue", "--")
+    assert complete(rig, "admin", "--op", "re") == ["restart", "resume"]
+    assert complete(rig, "createqueue", "--mode", "") == ["pull", "script"]
     queues = ["analytics", "cleaner", "jq", "relay", "webhook"]
     assert complete(rig, "--root", str(rig.root), "sendmesg", "--dest", "") == queues
     assert complete(rig, "--root", str(rig.root), "sendmesg", "--dest", "j") == ["jq"]

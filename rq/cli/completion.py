@@ -13,7 +13,7 @@ import os
 import shlex
 
 from rq import protocol
-from rq.cli.base import COMMAND_MODULES, Invocation, command
+from rq.cli.base import ADMIN_OPS, COMMAND_MODULES, Invocation, command
 
 QUEUE_FLAGS = ("dest", "queue")
 FILE_FLAGS = ("root", "file", "pathname", "input", "output")
@@ -46,6 +46,12 @@ _rq_complete() {
         @FILE_FLAGS@)
             COMPREPLY=($(compgen -f -- "$cur"))
             return ;;
+        --op)
+            COMPREPLY=($(compgen -W "@ADMIN_OPS@" -- "$cur"))
+            return ;;
+        --mode)
+            COMPREPLY=($(compgen -W "script pull" -- "$cur"))
+            return ;;
     esac
     if [[ -z $cmd ]]; then
         if [[ $cur == -* ]]; then
@@ -77,6 +83,7 @@ def bash_script() -> str:
         cases.append(f"        {name}) flags={shlex.quote(flags)} ;;")
     return (SCRIPT.replace("@QUEUE_FLAGS@", "|".join(f"--{f}" for f in QUEUE_FLAGS))
             .replace("@FILE_FLAGS@", "|".join(f"--{f}" for f in FILE_FLAGS))
+            .replace("@ADMIN_OPS@", " ".join(ADMIN_OPS))
             .replace("@COMMANDS@", " ".join(sorted(COMMAND_MODULES)))
             .replace("@FLAG_CASES@", "\n".join(cases)))
 

@@ -19,6 +19,7 @@ from rq.cli.base import (
     load_command,
     one_line,
     parse_flags,
+    silence,
     split_command,
     usage_text,
 )
@@ -74,6 +75,9 @@ def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: TextIO) -
     except KeyboardInterrupt:
         print("rq: interrupted", file=err)
         return 130
+    except BrokenPipeError:  # `rq completion bash | head`: the reader is done, say nothing
+        silence(out)
+        return 0
     except Exception as exc:  # noqa: BLE001 -- S0.3.3: one line, never a traceback
         print(one_line(exc), file=err)
         return 1
