@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rqtest import REPO, short_id
+from rqtest import REPO, make_queue, short_id, wait_for
 from test_cli_e2e import FINAL, PYTHON, Rig, install_root, rq_mgr, run_prog, stop_mgr
 
 from rq import client
@@ -169,6 +169,23 @@ def test_create_from_a_file_and_its_errors(rig: Rig, tmp_path: Path) -> None:
             1, "", "rq: queue not found: nosuch\n")
     finally:
         assert rig.rq("deletequeue", "--queue", "fromfile").code == 0
+
+
+def test_configqueue_mends_a_queue_that_could_not_start(rig: Rig) -> None:
+    """A queue whose config.json can never work is FATAL (S2.3); `rq configqueue` gives it
+    the missing script, the manager's reload restarts it (S2.4), and it runs messages."""
+    make_queue(rig.root, "mend")                                      # no script: S3.4
+    assert rq_mgr(rig.root, "reload").code == 0
+    wait_for(lambda: "mend FATAL\n" in rig.rq("queues").out, what="mend FATAL")
+    try:
+        res = rig.rq("configqueue", "--queue", "mend", "--script", str(rig.base / "job.sh"))
+        assert res.code == 0 and res.err == "" and res.out in (
+            "ok mend saved\n", "ok mend reloaded\n"), res       # saved: not up yet
+        wait_for(lambda: "mend UP\n" in rig.rq("queues").out, what="mend UP")
+        full = rig.send("mend", "--dest", "mend", "--param1", "mended")
+        assert rig.wait_state(full, *FINAL) == "done"
+    finally:
+        assert rig.rq("deletequeue", "--queue", "mend").code == 0
 
 
 def test_a_linked_config_is_not_replaced(rig: Rig, tmp_path: Path) -> None:

@@ -106,6 +106,18 @@ def wait_until(check: Any, timeout: float) -> Any:
 # ---------------------------------------------------------------- createqueue
 
 
+def wait_running(inv: Invocation, name: str) -> None:
+    """Wait for the new queue's process to leave STARTING; one line unless it is RUNNING."""
+    def settled() -> dict[str, Any] | None:
+        child = child_state(inv, name)
+        return child if child and child.get("state") not in (None, "STARTING") else None
+
+    child = wait_until(settled, START_WAIT) or {"state": "STARTING"}
+    if child.get("state") != "RUNNING":
+        why = f": {child['error']}" if child.get("error") else ""
+        raise CliError(f"queue {name} created but not running ({child.get('state')}{why})")
+
+
 @command("createqueue", "name", *CONFIG_FLAGS)
 def createqueue(inv: Invocation) -> int:
     """`ok NAME running` once the new queue's process is RUNNING."""
@@ -118,15 +130,7 @@ def createqueue(inv: Invocation) -> int:
     reply = call_mgr(inv, "create_queue", json.dumps(config))
     if not (isinstance(reply, list) and reply[:1] == ["success"]):
         raise CliError(f"cannot create queue {name}: {failure_text(reply)}")
-
-    def settled() -> dict[str, Any] | None:
-        child = child_state(inv, name)
-        return child if child and child.get("state") not in (None, "STARTING") else None
-
-    child = wait_until(settled, START_WAIT) or {"state": "STARTING"}
-    if child.get("state") != "RUNNING":
-        why = f": {child['error']}" if child.get("error") else ""
-        raise CliError(f"queue {name} created but not running ({child.get('state')}{why})")
+    wait_running(inv, name)
     inv.say(f"ok {name} running")
     return 0
 
@@ -139,18 +143,9 @@ def current_config(inv: Invocation, name: str) -> dict[str, Any]:
     return read_config_file(os.path.join(inv.root, "queue", name, "config.json"))
 
 
-@command("configqueue", "queue", *CONFIG_FLAGS)
-def configqueue(inv: Invocation) -> int:
-    """`ok NAME reloaded` once the queue answers `config` with the new config (S3.6), or
-    `ok NAME saved` when it is not running (it reads the file when it starts)."""
-    name = require(inv, "queue")
-    config = given_config(inv, current_config(inv, name))
-    if config.get("name") != name:
-        raise CliError(f"the name of queue {name} cannot change (--file names "
-                       f"{config.get('name')})")
-    reply = call_mgr(inv, "update_queue", json.dumps(config))
-    if not is_ok(reply):
-        raise CliError(f"cannot change queue {name}: {failure_text(reply)}")
+def wait_reloaded(inv: Invocation, name: str, config: dict[str, Any]) -> bool:
+    """True once the queue answers `config` with `config` normalised (S3.6), False when it
+    is not running (it reads the file when it starts); one line after START_WAIT s."""
     from rq.config import validate_queue_config  # what the queue will answer (S3.3)
 
     wanted = validate_queue_config(config)[0].normalised()
@@ -159,13 +154,28 @@ def configqueue(inv: Invocation) -> int:
         try:
             got = client.call_queue(inv.root, name, "config", timeout=2.0)
         except ConnectError:
-            return False  # not running: nothing to wait for
+            return False
         return True if got == ["ok", wanted] else None
 
     done = wait_until(applied, START_WAIT)
     if done is None:
         raise CliError(f"queue {name}: config saved but not yet reloaded after {START_WAIT:g} s")
-    inv.say(f"ok {name} {'reloaded' if done else 'saved'}")
+    return bool(done)
+
+
+@command("configqueue", "queue", *CONFIG_FLAGS)
+def configqueue(inv: Invocation) -> int:
+    """`ok NAME reloaded` once the queue uses the new config, or `ok NAME saved` when it
+    is not running."""
+    name = require(inv, "queue")
+    config = given_config(inv, current_config(inv, name))
+    if config.get("name") != name:
+        raise CliError(f"the name of queue {name} cannot change (--file names "
+                       f"{config.get('name')})")
+    reply = call_mgr(inv, "update_queue", json.dumps(config))
+    if not is_ok(reply):
+        raise CliError(f"cannot change queue {name}: {failure_text(reply)}")
+    inv.say(f"ok {name} {'reloaded' if wait_reloaded(inv, name, config) else 'saved'}")
     return 0
 
 
