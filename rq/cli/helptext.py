@@ -112,7 +112,7 @@ COMMANDS: dict[str, tuple[str, Mapping[str, tuple[str, str]], str]] = {
         "until": ("moment after the last one counted", "--until 2026-11-26T12:00"),
         "input": ("an event-log tree to read (repeatable; default the root's)",
                   "--input /srv/rq/log/events"),
-        "output": ("where the result goes (default the root's)", "--output /tmp/result"),
+        "output": ("where the result goes (default the root's)", "--output ./analytics-result"),
         "master": ("the Spark master (default local[2])", "--master spark://host:7077"),
         "conf": ("a Spark setting key=value (repeatable)", "--conf spark.driver.memory=2g")},
         "rq analytics --since 2026-11-01"),
