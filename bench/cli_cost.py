@@ -6,6 +6,12 @@ pass` and the `rq` console script of this checkout's virtualenv sending one
 durable message to a paused queue.  Printed: the median wall time and CPU
 time (user + system of the child, from wait4) of each, and their ratios; then
 the rate of a shell loop of `rq sendmesg`.
+
+Both run with their bytecode cached, as after `pip install` of the wheel (which
+compiles every module): the children get `PYTHONPYCACHEPREFIX` under the
+temporary directory and never `PYTHONDONTWRITEBYTECODE`, and the warm-up runs
+fill that cache.  Without it each call also compiles every module it imports
+(measured 2026-11-26: 78 ms CPU instead of ~55), a cost no installed `rq` pays.
 """
 
 from __future__ import annotations
@@ -34,9 +40,25 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, usage.ru_utime + usage.ru_stime
 
 
+def shell_loop(command: str, n: int, env: dict[str, str]) -> float:
+    """Runs per second of `command` in a /bin/sh loop of `n` runs (each must succeed)."""
+    t0 = time.perf_counter()
+    subprocess.run(["sh", "-c", f"i=0; while [ $i -lt {n} ]; do {command} >/dev/null || exit 1; "
+                    "i=$((i+1)); done"], env=env, check=True)
+    return n / (time.perf_counter() - t0)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=30, help="runs of each command")
+    ap.add_argument("--compare", metavar="CHECKOUT",
+                    help="also time `rq sendmesg` with another checkout's rq package first on "
+                         "PYTHONPATH (same interpreter, interleaved): a before/after in one run")
+    ap.add_argument("--no-bytecode-cache", action="store_true",
+                    help="keep PYTHONDONTWRITEBYTECODE as given: when it is set no cache is "
+                         "written, so a module without a __pycache__ entry beside it is compiled "
+                         "on every call (how figures before 2026-11-26 were taken, in a checkout "
+                         "that had none)")
     add_common_args(ap)
     args = ap.parse_args()
     rq = os.path.join(os.path.dirname(sys.executable), "rq")
@@ -46,26 +68,35 @@ def main() -> int:
         root = new_root(base, "cli")
         bench_queue(root, num_workers=1, paused=True)
         env = dict(os.environ, RQ_ROOT=str(root))
+        if not args.no_bytecode_cache:
+            env["PYTHONPYCACHEPREFIX"] = str(base / "pycache")
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+        print(f"  bytecode cache: {'off' if env.get('PYTHONDONTWRITEBYTECODE') else 'on'}")
+        cases = {"python -c pass": ([sys.executable, "-c", "pass"], env),
+                 "rq sendmesg": ([rq, "sendmesg", "--dest", QUEUE], env)}
+        if args.compare:
+            other = dict(env, PYTHONPATH=os.path.abspath(args.compare))
+            cases[f"rq sendmesg ({os.path.basename(os.path.abspath(args.compare))})"] = (
+                [rq, "sendmesg", "--dest", QUEUE], other)
+        times: dict[str, list[tuple[float, float]]] = {label: [] for label in cases}
         with QueueProc(root):
-            bare = [timed([sys.executable, "-c", "pass"], env) for _ in range(2)]  # warm up
-            send = [timed([rq, "sendmesg", "--dest", QUEUE], env) for _ in range(2)]
-            bare, send = [], []
+            for argv, case_env in cases.values():  # warm up (and fill the bytecode cache)
+                for _ in range(2):
+                    timed(argv, case_env)
             for _ in range(args.n):
-                bare.append(timed([sys.executable, "-c", "pass"], env))
-                send.append(timed([rq, "sendmesg", "--dest", QUEUE], env))
+                for label, (argv, case_env) in cases.items():
+                    times[label].append(timed(argv, case_env))
             loop_n = max(10, args.n)
-            t0 = time.perf_counter()
-            subprocess.run(["sh", "-c", f'i=0; while [ $i -lt {loop_n} ]; do "{rq}" sendmesg '
-                            f'--dest {QUEUE} >/dev/null || exit 1; i=$((i+1)); done'],
-                           env=env, check=True)
-            loop_rate = loop_n / (time.perf_counter() - t0)
-    bw, bc = median([w for w, _ in bare]), median([c for _, c in bare])
-    sw, sc = median([w for w, _ in send]), median([c for _, c in send])
-    print("                       wall ms   CPU ms")
-    print(f"  python -c pass       {bw * 1000:7.1f}  {bc * 1000:7.1f}")
-    print(f"  rq sendmesg          {sw * 1000:7.1f}  {sc * 1000:7.1f}")
-    print(f"  ratio                {sw / bw:7.2f}x {sc / bc:7.2f}x   (target <= 2.5x)")
-    print(f"  shell loop of rq sendmesg: {loop_rate:.0f} msg/s (target >= 40)")
+            bare_rate = shell_loop(f'"{sys.executable}" -c pass', loop_n, env)
+            loop_rate = shell_loop(f'"{rq}" sendmesg --dest {QUEUE}', loop_n, env)
+    bw, bc = (median([t[i] for t in times["python -c pass"]]) for i in (0, 1))
+    print(f"  {'':34} wall ms   CPU ms   ratio wall, CPU")
+    for label, runs in times.items():
+        w, c = median([t[0] for t in runs]), median([t[1] for t in runs])
+        print(f"  {label:34} {w * 1000:7.1f}  {c * 1000:7.1f}   {w / bw:5.2f}x {c / bc:5.2f}x")
+    print("  (target: rq sendmesg <= 2.5x python -c pass)")
+    print(f"  shell loop of rq sendmesg: {loop_rate:.1f} msg/s (target >= 40); of python -c "
+          f"pass: {bare_rate:.1f}/s, the ceiling of any Python command on this machine now")
     return 0
 
 

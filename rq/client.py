@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
 
 from rq import protocol
 from rq.errors import ConnectError, ProtocolError
+
+TYPE_CHECKING = False  # typing is not imported at run time (issue 15)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 

@@ -1,10 +1,11 @@
 """Configuration: find the RQ root, load and validate its config files.
 
-Owns root discovery (SPEC S1.2), the main config `config/config.json` (S1.4),
+Owns the main config `config/config.json` (S1.4),
 queue config validation and normalisation (S3.3, S3.4, with the schedule entry
 check of S9.1) and TRUTHY (S3.3).  Config is read at a program's edge and
 passed down as frozen dataclasses; this module keeps no mutable state and
-reads no environment of its own (`find_root` is handed `env`).
+reads no environment of its own.  Root discovery (S1.2) is rq.root, re-exported
+here: the `rq` message commands need it without this module's dataclasses.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from rq.errors import ConfigError, RootError, UsageError
+from rq.errors import ConfigError
 from rq.message import truthy
 from rq.protocol import valid_queue_name
-
-MAIN_CONFIG = os.path.join("config", "config.json")
+from rq.root import MAIN_CONFIG, find_root  # noqa: F401 -- S1.2 lives in rq.root, re-exported
 
 # ---------------------------------------------------------------- values
 
@@ -59,62 +59,6 @@ def _as_number(v: object) -> int | float | None:
     if isinstance(v, float) and math.isfinite(v):
         return int(v) if v.is_integer() else v
     return None
-
-
-# ---------------------------------------------------------------- S1.2 root discovery
-
-
-def find_root(prog: str, argv: list[str], env: Mapping[str, str],
-              *, cwd: str | None = None) -> tuple[str, list[str]]:
-    """S1.2: return (absolute root, `argv` without its `--root` options).
-
-    `--root PATH` / `--root=PATH` may appear anywhere (the last one wins),
-    then `RQ_ROOT`, then the nearest directory from `cwd` up to `/` holding
-    config/config.json.  Raises RootError with the exact S1.2 texts.
-    """
-    given, rest = _split_root_option(prog, argv)
-    if given is None and env.get("RQ_ROOT"):
-        given = env["RQ_ROOT"]
-    if given is not None:
-        root = os.path.abspath(given) if given else given
-        if not root or not os.path.isfile(os.path.join(root, MAIN_CONFIG)):
-            raise RootError(f"{prog}: not an RQ root: {root} (missing config/config.json)")
-        return root, rest
-    found = _search_up(cwd)
-    if found is None:
-        raise RootError(
-            f"{prog}: no RQ root found (use --root, set RQ_ROOT, or run inside an RQ root)")
-    return found, rest
-
-
-def _split_root_option(prog: str, argv: list[str]) -> tuple[str | None, list[str]]:
-    given: str | None = None
-    rest: list[str] = []
-    args = iter(argv)
-    for arg in args:
-        if arg == "--root":
-            given = next(args, None)
-            if given is None:
-                raise UsageError(f"{prog}: option --root requires a value")
-        elif arg.startswith("--root="):
-            given = arg[len("--root="):]
-        else:
-            rest.append(arg)
-    return given, rest
-
-
-def _search_up(cwd: str | None) -> str | None:
-    try:
-        here = os.path.abspath(cwd if cwd is not None else os.getcwd())
-    except OSError:  # the current directory was removed under us
-        return None
-    while True:
-        if os.path.isfile(os.path.join(here, MAIN_CONFIG)):
-            return here
-        parent = os.path.dirname(here)
-        if parent == here:
-            return None
-        here = parent
 
 
 # ---------------------------------------------------------------- S1.4 main config

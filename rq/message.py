@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
 
 from rq.errors import Fail, ProtocolError
 from rq.protocol import valid_msg_id
+
+TYPE_CHECKING = False  # typing is not imported at run time (issue 15)
+if TYPE_CHECKING:
+    from typing import Any
 
 # S4.4: the only fields a `msg` file may hold, in the table's order.
 STORED_FIELDS: tuple[str, ...] = (

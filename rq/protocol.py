@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-from dataclasses import dataclass
-from typing import Any
+from collections import namedtuple
 
 from rq.errors import ProtocolError
+
+# Not typing / dataclasses / signal at import: every `rq` call imports this module, and those
+# cost a shell loop of `rq sendmesg` ~12 ms a call (issue 15).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MAGIC = b"rq1 "
 HEADER_LEN = 13  # "rq1 " + 8 digits + " "
@@ -198,16 +202,18 @@ COMPLETIONS = {"done": "done", "err": "err", "fail": "err", "fails": "err",
                "relayed": "relayed", "resend": "resend"}
 
 
-@dataclass(frozen=True)
-class PipeLine:
-    """One parsed job line.  `kind` is run, done, err, relayed, resend, dup or
-    malformed; `text` is the new status text (the whole line when malformed)."""
+class PipeLine(namedtuple("PipeLine", "kind text secs due newdest", defaults=(0, 0.0, ""))):
+    """One parsed job line (a frozen record).  `kind` is run, done, err, relayed, resend,
+    dup or malformed; `text` is the new status text (the whole line when malformed);
+    `secs` the resend delay, `due` a dup's seconds from now, `newdest` a dup's target.
+    A namedtuple rather than a dataclass: see the imports above."""
 
+    __slots__ = ()
     kind: str
     text: str
-    secs: int = 0          # resend delay
-    due: float = 0.0       # dup: seconds from now
-    newdest: str = ""      # dup target
+    secs: int
+    due: float
+    newdest: str
 
 
 _INT_RE = re.compile(r"^\d+$")
@@ -312,6 +318,8 @@ def exit_text(pid: int, returncode: int, core: bool = False) -> str:
     """
     if returncode >= 0:
         return f"pid {pid} exit {returncode}"
+    import signal  # only the daemons name signals; see the imports above
+
     num = -returncode
     try:
         name = signal.Signals(num).name
@@ -324,6 +332,8 @@ def describe_exit(returncode: int) -> str:
     """One human text for a child's exit, used by the supervisor's logs."""
     if returncode >= 0:
         return f"exit status {returncode}"
+    import signal  # see exit_text
+
     try:
         return f"killed by {signal.Signals(-returncode).name}"
     except ValueError:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from rq import cli
 from rq import client as rqclient
-from rq.cli import app, base
+from rq.cli import app, base, helptext
 from rq.sockserve import Rq1Server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,7 +26,8 @@ FULL = f"http://rq.example.com:3333/q/test/{SHORT}"
 COMMANDS = sorted(["sendmesg", "prepmesg", "single_que", "attachmesg", "commitmesg",
                    "statusmesg", "state", "statuscountmesg", "attachstatusmesg", "clone",
                    "showmesg", "deletemesg", "destroymesg", "runmesg", "queues", "admin",
-                   "fsck", "reserve", "report", "renew", "watch", "analytics"])
+                   "fsck", "reserve", "report", "renew", "watch", "analytics",
+                   "createqueue", "configqueue", "deletequeue", "completion"])
 USAGE = "Valid commands are:\n" + "".join(f"  {name}\n" for name in COMMANDS)
 MESSAGE_COMMANDS = ["commitmesg", "statusmesg", "state", "statuscountmesg",
                     "attachstatusmesg", "clone", "showmesg", "deletemesg", "destroymesg",
@@ -107,17 +108,33 @@ def test_split_command(argv: list[str], command: str | None, rest: list[str]) ->
 
 
 def test_command_list() -> None:
-    assert sorted(base.COMMANDS) == COMMANDS
+    assert sorted(base.COMMAND_MODULES) == COMMANDS
     assert base.usage_text() + "\n" == USAGE
 
 
+OVERVIEW = helptext.overview() + "\n"
+
+
+def test_overview_lists_every_command_with_a_description() -> None:
+    """Issue 16 item 4: S19.2's list, each name followed by its one-line description."""
+    lines = OVERVIEW.splitlines()
+    assert lines[0] == "Valid commands are:"
+    assert [line.split()[0] for line in lines[1:len(COMMANDS) + 1]] == COMMANDS
+    assert all(len(line.split()) > 2 for line in lines[1:len(COMMANDS) + 1])
+
+
 @pytest.mark.parametrize("argv", [
-    ["-h"], ["--help"], ["sendmesg", "-h"], ["sendmesg", "--dest", "x", "--help"],
-    ["nosuch", "--help"], ["--root", "/nonexistent", "-h"],
+    ["-h"], ["--help"], ["nosuch", "--help"], ["--root", "/nonexistent", "-h"],
 ])
-def test_help_anywhere_prints_usage_on_stdout(capsys: pytest.CaptureFixture[str],
-                                              argv: list[str]) -> None:
-    assert run_main(capsys, *argv) == (0, USAGE, "")
+def test_help_anywhere_prints_the_overview_on_stdout(capsys: pytest.CaptureFixture[str],
+                                                     argv: list[str]) -> None:
+    assert run_main(capsys, *argv) == (0, OVERVIEW, "")
+
+
+@pytest.mark.parametrize("argv", [["sendmesg", "-h"], ["sendmesg", "--dest", "x", "--help"],
+                                  ["--root", "/nonexistent", "sendmesg", "--help"]])
+def test_command_help_on_stdout(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    assert run_main(capsys, *argv) == (0, helptext.command_help("sendmesg") + "\n", "")
 
 
 @pytest.mark.parametrize("argv", [[], ["--root", "/nonexistent"], ["--root=/x"]])
@@ -201,7 +218,9 @@ def test_root_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path,
 
 def test_bad_main_config_is_one_line(capsys: pytest.CaptureFixture[str], root: Path) -> None:
     (root / "config" / "config.json").write_text("{}")
-    code, out, err = run_main(capsys, "sendmesg", "--root", str(root), "--dest", "test")
+    # A path dest needs ROOT (S1.4), so config.json is read; a plain name does not read it
+    # (issue 15: the fast path), and test_cli_e2e checks such a message is queued.
+    code, out, err = run_main(capsys, "sendmesg", "--root", str(root), "--dest", "/q/test")
     assert (code, out) == (1, "")
     assert err.startswith("rq: bad config file config/config.json: ")
     assert err.count("\n") == 1
@@ -438,8 +457,8 @@ def test_click_runner_sees_exit_codes() -> None:
 
 
 @pytest.mark.parametrize("argv, code, out, err", [
-    (["-h"], 0, USAGE, ""),
-    (["state", "--help"], 0, USAGE, ""),
+    (["-h"], 0, OVERVIEW, ""),
+    (["state", "--help"], 0, helptext.command_help("state") + "\n", ""),
     ([], 1, "", USAGE),
     (["nosuch"], 1, "", "Command not found: nosuch\n"),
 ])

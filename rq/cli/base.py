@@ -10,15 +10,21 @@ goes through the owning daemon's socket (rq.client).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, TextIO
+from collections import namedtuple
 
 from rq import client, protocol
 from rq.errors import ConnectError, ProtocolError, RQError
 
-FlagValue = str | bool | list[str | bool]
-Flags = dict[str, FlagValue]
+# Issue 15: a shell loop of `rq sendmesg` pays for every module `rq` imports, so this one (on
+# every command's path) imports neither typing nor dataclasses: the records below are
+# namedtuples, frozen all the same.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any, TextIO
+
+    FlagValue = str | bool | list[str | bool]
+    Flags = dict[str, FlagValue]
 
 # Flags passed through to create_message / prep_message / single_que; the
 # queue normalises them (S4.4), so they travel as the strings (or `true`) given.
@@ -33,14 +39,28 @@ ADMIN_OPS = {"pause": "pause_queue", "resume": "resume_queue", "down": "down_que
 STATUS_TIMEOUT = 5.0  # `rq queues` asks each queue; a wedged one must not hang the listing
 
 
+# Which module of rq.cli registers each command: `rq NAME` imports that one only (issue 15),
+# and the plain S19.2 list needs no import at all.  A new command is added here too
+# (tests/test_cli_help.py checks this table, the registry and rq.cli.helptext agree).
+COMMAND_MODULES = {
+    **dict.fromkeys(("sendmesg", "prepmesg", "single_que", "attachmesg", "commitmesg",
+                     "statusmesg", "state", "statuscountmesg", "attachstatusmesg", "clone",
+                     "showmesg", "deletemesg", "destroymesg", "runmesg", "queues", "admin",
+                     "fsck", "analytics"), "messages"),
+    **dict.fromkeys(("reserve", "report", "renew", "watch"), "pull"),
+    **dict.fromkeys(("createqueue", "configqueue", "deletequeue"), "queueadmin"),
+    "completion": "completion",
+}
+
+
 class CliError(RQError):
     """A local S19.3 error: printed as `rq: <text>` on stderr, exit 1."""
 
 
-@dataclass(frozen=True)
-class Invocation:
+class Invocation(namedtuple("Invocation", "root flags out err")):
     """Everything a command needs: the root (S1.2), its flags and the streams."""
 
+    __slots__ = ()
     root: str
     flags: Flags
     out: TextIO
@@ -49,12 +69,22 @@ class Invocation:
     def say(self, text: str) -> None:
         print(text, file=self.out)
 
+    def as_json(self) -> bool:
+        """Issue 16 item 3: `--json` asks a read command for one JSON document on stdout."""
+        return "json" in self.flags
 
-CommandFunc = Callable[[Invocation], int]
+    def say_json(self, value: Any) -> None:
+        print(protocol.dumps(value), file=self.out)
 
 
-@dataclass(frozen=True)
-class Command:
+if TYPE_CHECKING:
+    CommandFunc = Callable[[Invocation], int]
+
+
+class Command(namedtuple("Command", "name run flags")):
+    """A registered command: its name, its function and the flags it knows."""
+
+    __slots__ = ()
     name: str
     run: CommandFunc
     flags: frozenset[str]
@@ -64,7 +94,8 @@ COMMANDS: dict[str, Command] = {}
 
 
 def command(name: str, *flags: str) -> Callable[[CommandFunc], CommandFunc]:
-    """Register `func` as `rq NAME`, knowing `flags` (others draw a warning)."""
+    """Register `func` as `rq NAME`, knowing `flags` (others draw a warning; `--help`
+    is known to every command)."""
 
     def register(func: CommandFunc) -> CommandFunc:
         COMMANDS[name] = Command(name, func, frozenset(flags))
@@ -73,13 +104,22 @@ def command(name: str, *flags: str) -> Callable[[CommandFunc], CommandFunc]:
     return register
 
 
+def load_command(name: str) -> Command | None:
+    """The registered command `name`, importing only the module that registers it."""
+    module = COMMAND_MODULES.get(name)
+    if module is None:
+        return None
+    __import__(f"rq.cli.{module}")
+    return COMMANDS.get(name)
+
+
 # ---------------------------------------------------------------- S19.1 / S19.2 parsing
 
 
 def split_command(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     """(command, the arguments after it) with `--root PATH`/`--root=PATH`
     taken out wherever they are (S1.2 rule 1); the root itself is found by
-    config.find_root."""
+    rq.root.find_root."""
     rest: list[str] = []
     args = iter(argv)
     for arg in args:
@@ -135,7 +175,7 @@ def _is_utf8(text: str) -> bool:
 
 def usage_text() -> str:
     """S19.2: `Valid commands are:` and the sorted names, two-space indented."""
-    return "\n".join(["Valid commands are:", *(f"  {name}" for name in sorted(COMMANDS))])
+    return "\n".join(["Valid commands are:", *(f"  {name}" for name in sorted(COMMAND_MODULES))])
 
 
 # ---------------------------------------------------------------- helpers for commands
@@ -209,17 +249,35 @@ def print_reply(inv: Invocation, reply: Any) -> int:
     return 0 if reply[0] == "ok" else 1
 
 
-def print_message(inv: Invocation, cmd: str,
-                  render: Callable[[dict[str, Any]], list[str]]) -> int:
+def print_message(inv: Invocation, cmd: str, render: Callable[[dict[str, Any]], list[str]],
+                  shape: Callable[[str, dict[str, Any]], Any] | None = None) -> int:
     """Ask the message's queue with `cmd` and print `render(reply[1])` on
-    success, or the failure reply as it is."""
-    queue, short, _ = msg_ref(inv)
+    success, or the failure reply as it is; with `--json`, `shape(full id, reply[1])`."""
+    queue, short, full = msg_ref(inv)
     reply = call_queue(inv, queue, cmd, {"msg_id": short})
+    if shape is not None and inv.as_json():
+        return print_json(inv, reply, lambda value: shape(full, value))
     if not is_ok(reply) or not isinstance(reply[1], dict):
         return print_reply(inv, reply)
     for line in render(reply[1]):
         inv.say(line)
     return 0
+
+
+def print_json(inv: Invocation, reply: Any, shape: Callable[[Any], Any]) -> int:
+    """Issue 16 item 3: an `ok` reply as one JSON document, `shape(reply[1])`, on stdout;
+    anything else is an error: one line on stderr (`rq: <reason>`), exit 1, stdout empty."""
+    if not is_ok(reply):
+        raise CliError(failure_text(reply))
+    inv.say_json(shape(reply[1]))
+    return 0
+
+
+def failure_text(reply: Any) -> str:
+    """The reason of a `["fail", reason]` reply; any other reply as compact JSON."""
+    if isinstance(reply, list) and len(reply) >= 2 and isinstance(reply[1], str):
+        return reply[1]
+    return protocol.dumps(reply)
 
 
 def one_line(exc: BaseException) -> str:

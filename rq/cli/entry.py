@@ -1,41 +1,53 @@
 """The `rq` entry point (S19): usage and help, root discovery (S1.2), the
 dispatch to the registered command, and every failure turned into one line on
-stderr with an exit code (S0.3.3)."""
+stderr with an exit code (S0.3.3).
+
+Only the module that registers the command given is imported (rq.cli.base's
+COMMAND_MODULES), and the help texts only for `--help` (rq.cli.helptext): a
+shell loop of `rq sendmesg` pays for what `sendmesg` uses (issue 15)."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import TextIO
 
-from rq import config
-from rq.cli import messages, pull  # noqa: F401 -- importing them registers their commands
+from rq import root as rqroot
 from rq.cli.base import (
-    COMMANDS,
     HELP_ARGS,
     Invocation,
     check_text,
+    load_command,
     one_line,
     parse_flags,
+    silence,
     split_command,
     usage_text,
 )
-from rq.errors import RQError
+from rq.errors import RootError, RQError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import TextIO
+
+# Commands that also work outside any RQ root (their root is "" then).
+ROOTLESS_COMMANDS = frozenset({"completion"})
 
 # ---------------------------------------------------------------- entry point
 
 
 def dispatch(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
     """S19.2 usage and help first (they need no root), then S1.2, then the command."""
-    if HELP_ARGS.intersection(argv):
-        print(usage_text(), file=out)
-        return 0
     name, args = split_command(argv)
+    if HELP_ARGS.intersection(argv):
+        from rq.cli import helptext  # the texts are loaded for help only (issue 16 item 4)
+
+        print(helptext.help_text(name), file=out)
+        return 0
     if name is None:
         print(usage_text(), file=err)
         return 1
-    cmd = COMMANDS.get(name)
+    cmd = load_command(name)
     if cmd is None:
         print(f"Command not found: {name}", file=err)
         return 1
@@ -44,7 +56,12 @@ def dispatch(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: Text
     for flag in flags:
         if flag not in cmd.flags:
             print(f"rq: warning: ignoring unknown flag --{flag}", file=err)
-    root, _ = config.find_root("rq", list(argv), env)
+    try:
+        root, _ = rqroot.find_root("rq", list(argv), env)
+    except RootError:
+        if name not in ROOTLESS_COMMANDS:
+            raise
+        root = ""
     return cmd.run(Invocation(root, flags, out, err))
 
 
@@ -58,6 +75,9 @@ def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: TextIO) -
     except KeyboardInterrupt:
         print("rq: interrupted", file=err)
         return 130
+    except BrokenPipeError:  # `rq completion bash | head`: the reader is done, say nothing
+        silence(out)
+        return 0
     except Exception as exc:  # noqa: BLE001 -- S0.3.3: one line, never a traceback
         print(one_line(exc), file=err)
         return 1

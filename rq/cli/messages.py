@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
-from typing import Any
 
-from rq import client, config, protocol
+from rq import client, protocol
 from rq.cli.base import (
     ADMIN_OPS,
     MESSAGE_FLAGS,
     STATUS_TIMEOUT,
     CliError,
-    CommandFunc,
     Invocation,
     as_text,
     call_mgr,
@@ -27,11 +24,19 @@ from rq.cli.base import (
     is_ok,
     msg_ref,
     optional,
+    print_json,
     print_message,
     print_reply,
     require,
 )
 from rq.errors import ConfigError, ConnectError
+
+TYPE_CHECKING = False  # typing is not imported at run time (issue 15)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from rq.cli.base import CommandFunc
 
 # ---------------------------------------------------------------- sending messages
 
@@ -39,7 +44,14 @@ SEND_FLAGS = (*MESSAGE_FLAGS, "relay-ok")
 
 
 def send_target(inv: Invocation, dest: str, cmd: str) -> str:
-    """The queue that stores the message (S19 table, S4.3)."""
+    """The queue that stores the message (S19 table, S4.3).  A plain queue name needs
+    nothing of the main config; a path or URL dest needs its ROOT (S1.4 `relative_root`),
+    so only then is config/config.json read and validated (issue 15: rq.config's records
+    cost a shell loop of `rq sendmesg` a third of its time)."""
+    if not dest.startswith("/") and not protocol.is_remote_dest(dest):
+        return dest
+    from rq import config
+
     try:
         prefix = config.load_main_config(inv.root).relative_root
     except ConfigError as exc:
@@ -122,9 +134,9 @@ def attachmesg(inv: Invocation) -> int:
 # ---------------------------------------------------------------- message commands
 
 # Commands whose reply is printed as it comes (S19.3).
-PLAIN_MESSAGE_COMMANDS = {"commitmesg": "commit_message", "state": "get_message_state",
-                          "clone": "clone_message", "deletemesg": "delete_message",
-                          "destroymesg": "destroy_message", "runmesg": "run_message"}
+PLAIN_MESSAGE_COMMANDS = {"commitmesg": "commit_message", "clone": "clone_message",
+                          "deletemesg": "delete_message", "destroymesg": "destroy_message",
+                          "runmesg": "run_message"}
 
 
 def plain_message_command(cmd: str) -> CommandFunc:
@@ -139,34 +151,55 @@ for _name, _cmd in PLAIN_MESSAGE_COMMANDS.items():
     command(_name, "msg_id")(plain_message_command(_cmd))
 
 
-@command("statusmesg", "msg_id")
+# Read commands take --json (issue 16 item 3): one JSON document on stdout, always an
+# object naming the message by its full id as given.
+
+@command("state", "msg_id", "json")
+def state(inv: Invocation) -> int:
+    queue, short, full = msg_ref(inv)
+    reply = call_queue(inv, queue, "get_message_state", {"msg_id": short})
+    if inv.as_json():
+        return print_json(inv, reply, lambda st: {"msg_id": full, "state": st})
+    return print_reply(inv, reply)
+
+
+@command("statusmesg", "msg_id", "json")
 def statusmesg(inv: Invocation) -> int:
-    return print_message(inv, "get_message_status", lambda st: [f"ok {st.get('status')}"])
+    return print_message(inv, "get_message_status", lambda st: [f"ok {st.get('status')}"],
+                         lambda full, st: {"msg_id": full, **st})
 
 
-@command("statuscountmesg", "msg_id")
+@command("statuscountmesg", "msg_id", "json")
 def statuscountmesg(inv: Invocation) -> int:
-    return print_message(inv, "get_message", lambda msg: [f"ok {msg.get('count', 0)}"])
+    return print_message(inv, "get_message", lambda msg: [f"ok {msg.get('count', 0)}"],
+                         lambda full, msg: {"msg_id": full, "count": msg.get("count", 0)})
 
 
-@command("showmesg", "msg_id")
+@command("showmesg", "msg_id", "json")
 def showmesg(inv: Invocation) -> int:
-    return print_message(inv, "get_message", lambda msg: [f"ok {protocol.dumps(msg)}"])
+    return print_message(inv, "get_message", lambda msg: [f"ok {protocol.dumps(msg)}"],
+                         lambda full, msg: msg)
 
 
 def attachment_lines(msg: Mapping[str, Any]) -> list[str]:
     """`ok <N>`, then `<NAME> <MD5> <SIZE> <ABSOLUTE PATH>` sorted by name."""
+    attachments = attachment_list(msg)
+    return [f"ok {len(attachments)}", *(f"{a['name']} {a['md5']} {a['size']} {a['path']}"
+                                        for a in attachments)]
+
+
+def attachment_list(msg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The message's attachments sorted by name, each `{name, md5, size, path}`."""
     attachments = msg.get("_attachments") or {}
-    lines = [f"ok {len(attachments)}"]
-    for name in sorted(attachments):
-        info = attachments[name]
-        lines.append(f"{name} {info.get('md5')} {info.get('size')} {info.get('path')}")
-    return lines
+    return [{"name": name, "md5": attachments[name].get("md5"),
+             "size": attachments[name].get("size"), "path": attachments[name].get("path")}
+            for name in sorted(attachments)]
 
 
-@command("attachstatusmesg", "msg_id")
+@command("attachstatusmesg", "msg_id", "json")
 def attachstatusmesg(inv: Invocation) -> int:
-    return print_message(inv, "get_message", attachment_lines)
+    return print_message(inv, "get_message", attachment_lines,
+                         lambda full, msg: {"msg_id": full, "attachments": attachment_list(msg)})
 
 
 # ---------------------------------------------------------------- queues, admin, fsck
@@ -185,12 +218,34 @@ def queue_status(inv: Invocation, name: str, child: Mapping[str, Any]) -> str:
     return as_text(reply[0]) if isinstance(reply, list) and reply else state
 
 
-@command("queues")
+def queue_counts(inv: Invocation, name: str, child: Mapping[str, Any]) -> Any:
+    """S7.3 `num_messages` of a RUNNING queue ({state: count}), else null."""
+    if child.get("state") != "RUNNING":
+        return None
+    try:
+        reply = client.call_queue(inv.root, name, "num_messages", timeout=STATUS_TIMEOUT)
+    except ConnectError:
+        return None
+    return reply if isinstance(reply, dict) else None
+
+
+def queue_record(inv: Invocation, name: str, child: Mapping[str, Any]) -> dict[str, Any]:
+    """`rq queues --json`: one queue's status, supervision and message counts."""
+    return {"name": name, "status": queue_status(inv, name, child), "state": child.get("state"),
+            "pid": child.get("pid"), "restarts": child.get("restarts"),
+            "error": child.get("error"), "counts": queue_counts(inv, name, child)}
+
+
+@command("queues", "json")
 def queues(inv: Invocation) -> int:
     reply = call_mgr(inv, "status")
     if not is_ok(reply) or not isinstance(reply[1], dict):
-        return print_reply(inv, reply)
-    for name, child in sorted((reply[1].get("queues") or {}).items()):
+        return print_json(inv, reply, dict) if inv.as_json() else print_reply(inv, reply)
+    children = sorted((reply[1].get("queues") or {}).items())
+    if inv.as_json():
+        inv.say_json([queue_record(inv, name, child) for name, child in children])
+        return 0
+    for name, child in children:
         inv.say(f"{name} {queue_status(inv, name, child)}")
     return 0
 

@@ -3,9 +3,6 @@ event stream (S8.8: watch)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from rq import client, protocol
 from rq.cli.base import (
     CliError,
@@ -13,11 +10,17 @@ from rq.cli.base import (
     command,
     msg_ref,
     optional,
+    print_json,
     print_reply,
     require,
     silence,
 )
 from rq.errors import ConnectError, Fail
+
+TYPE_CHECKING = False  # typing is not imported at run time (issue 15)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 # ---------------------------------------------------------------- pull consumers (S8.6)
 
@@ -36,9 +39,9 @@ def string_flags(inv: Invocation, *names: str) -> dict[str, Any]:
     return {name: value for name in names if (value := optional(inv, name)) is not None}
 
 
-@command("reserve", "pattern", "lease", "wait", "consumer")
+@command("reserve", "pattern", "lease", "wait", "consumer", "json")
 def reserve(inv: Invocation) -> int:
-    """S8.2: `ok <compact JSON of RES>` or `ok null`."""
+    """S8.2: `ok <compact JSON of RES>` or `ok null`; with `--json` RES (or null) alone."""
     given = inv.flags.get("pattern")
     patterns = [p for v in (given if isinstance(given, list) else [])
                 if isinstance(v, str) for p in v.split(",") if p]
@@ -49,7 +52,10 @@ def reserve(inv: Invocation) -> int:
         wait = min(max(float(arg.get("wait", 0)), 0.0), 60.0)
     except ValueError:
         wait = 0.0
-    return print_reply(inv, call_mgr_json(inv, "reserve", arg, wait + RESERVE_SLACK))
+    reply = call_mgr_json(inv, "reserve", arg, wait + RESERVE_SLACK)
+    if inv.as_json():
+        return print_json(inv, reply, lambda res: res)
+    return print_reply(inv, reply)
 
 
 @command("report", "msg_id", "token", "line")
