@@ -21,7 +21,8 @@ from typing import Any
 from rq import message, protocol
 from rq.message import truthy
 from rq.errors import Fail
-from rq.queue.enqueue import Enqueue
+from rq.queue import bulk
+from rq.queue.enqueue import MAX_BATCH, Enqueue
 from rq.queue.leases import Leases, lease_length
 from rq.queue.state import QueueState
 
@@ -48,6 +49,8 @@ class Commands:
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
 
     def handle(self, cmd: str, arg: str | None, conn: socket.socket) -> Any:
+        if cmd == bulk.CMD:  # the connection stays open for more frames (rq.queue.bulk)
+            return bulk.serve_stream(conn, arg, self.create_many)
         fn = self.table.get(cmd)
         if fn is None:
             return ["ERROR"]
@@ -170,6 +173,28 @@ class Commands:
         for (i, _), outcome in zip(todo, created):
             out[i] = outcome if isinstance(outcome, Fail) else ["ok", self.state.full_id(outcome)]
         return out
+
+    def create_many(self, arg: str | None) -> Any:
+        """One `create_messages` frame (rq.queue.bulk, issue 15 item 3): the
+        messages before the first refused one are created, in order, sharing
+        their commits; `["ok", ids]` or `["fail", reason, ids created before it]`."""
+        data = self.request_data(bulk.CMD, arg)
+        if not isinstance(data, list):
+            raise Fail("create_messages needs a JSON array of messages")
+        now, todo, refusal = time.time(), [], None
+        for item in data:
+            try:
+                todo.append(self.new_fields(item, now))
+            except Fail as exc:
+                refusal = str(exc)
+                break
+        ids: list[str] = []
+        for start in range(0, len(todo), MAX_BATCH):  # a chunk after a failed one is not sent
+            for outcome in self.enqueue.submit_many(todo[start:start + MAX_BATCH]):
+                if isinstance(outcome, Fail):
+                    return ["fail", str(outcome), ids]
+                ids.append(self.state.full_id(outcome))
+        return ["ok", ids] if refusal is None else ["fail", refusal, ids]
 
     def cmd_prep_message(self, data: Any) -> Any:
         fields = self.new_fields(data, time.time())
