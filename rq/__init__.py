@@ -57,3 +57,12 @@ def _install_checkout_web() -> None:
 
 
 _install_checkout_web()
+
+
+def __getattr__(name: str) -> object:
+    """`from rq import Client` (issue 16): the producer API, imported on first use only,
+    so `import rq` stays as cheap as the CLI needs."""
+    if name == "Client":
+        from rq.producer import Client
+        return Client
+    raise AttributeError(f"module 'rq' has no attribute {name!r}")
