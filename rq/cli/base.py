@@ -49,6 +49,7 @@ COMMAND_MODULES = {
                      "fsck", "analytics"), "messages"),
     **dict.fromkeys(("reserve", "report", "renew", "watch"), "pull"),
     **dict.fromkeys(("createqueue", "configqueue", "deletequeue"), "queueadmin"),
+    "wait": "produce",
     "completion": "completion",
 }
 
@@ -81,24 +82,27 @@ if TYPE_CHECKING:
     CommandFunc = Callable[[Invocation], int]
 
 
-class Command(namedtuple("Command", "name run flags")):
-    """A registered command: its name, its function and the flags it knows."""
+class Command(namedtuple("Command", "name run flags accumulating", defaults=(frozenset(),))):
+    """A registered command: its name, its function, the flags it knows and those
+    of them that accumulate (wait's --msg_id) besides ACCUMULATING_FLAGS."""
 
     __slots__ = ()
     name: str
     run: CommandFunc
     flags: frozenset[str]
+    accumulating: frozenset[str]
 
 
 COMMANDS: dict[str, Command] = {}
 
 
-def command(name: str, *flags: str) -> Callable[[CommandFunc], CommandFunc]:
+def command(name: str, *flags: str,
+            accumulating: tuple[str, ...] = ()) -> Callable[[CommandFunc], CommandFunc]:
     """Register `func` as `rq NAME`, knowing `flags` (others draw a warning; `--help`
-    is known to every command)."""
+    is known to every command); `accumulating` flags keep every value (a list)."""
 
     def register(func: CommandFunc) -> CommandFunc:
-        COMMANDS[name] = Command(name, func, frozenset(flags))
+        COMMANDS[name] = Command(name, func, frozenset(flags), frozenset(accumulating))
         return func
 
     return register
@@ -130,10 +134,10 @@ def split_command(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     return (rest[0], rest[1:]) if rest else (None, [])
 
 
-def parse_flags(args: Sequence[str]) -> Flags:
+def parse_flags(args: Sequence[str], accumulating: frozenset[str] = frozenset()) -> Flags:
     """S19.1: `--k=v`; `--k v` when v exists and does not start with `--`;
     else `--k` is true.  Other arguments are ignored; the last value wins,
-    except for `--pattern`, which accumulates."""
+    except for `--pattern` (and a command's own `accumulating`), which accumulate."""
     flags: Flags = {}
     i = 0
     while i < len(args):
@@ -146,7 +150,7 @@ def parse_flags(args: Sequence[str]) -> Flags:
         if not eq and i < len(args) and not args[i].startswith("--"):
             val = args[i]
             i += 1
-        if name in ACCUMULATING_FLAGS:
+        if name in ACCUMULATING_FLAGS or name in accumulating:
             prior = flags.get(name)
             flags[name] = [*(prior if isinstance(prior, list) else []), val]
         else:

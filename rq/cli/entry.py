@@ -51,7 +51,7 @@ def dispatch(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: Text
     if cmd is None:
         print(f"Command not found: {name}", file=err)
         return 1
-    flags = parse_flags(args)
+    flags = parse_flags(args, cmd.accumulating)
     check_text(flags)
     for flag in flags:
         if flag not in cmd.flags:
@@ -59,7 +59,8 @@ def dispatch(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: Text
     try:
         root, _ = rqroot.find_root("rq", list(argv), env)
     except RootError:
-        if name not in ROOTLESS_COMMANDS:
+        # --url (issue 16): the command speaks HTTP to a remote RQ and needs no root
+        if name not in ROOTLESS_COMMANDS and not ("url" in cmd.flags and "url" in flags):
             raise
         root = ""
     return cmd.run(Invocation(root, flags, out, err))

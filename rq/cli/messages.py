@@ -77,8 +77,11 @@ def send_message(inv: Invocation, cmd: str) -> int:
     return print_reply(inv, call_queue(inv, send_target(inv, dest, cmd), cmd, fields))
 
 
-@command("sendmesg", *SEND_FLAGS)
+@command("sendmesg", *SEND_FLAGS, "stdin", "url")
 def sendmesg(inv: Invocation) -> int:
+    if "stdin" in inv.flags or "url" in inv.flags:  # issues 15, 16: the producer API
+        from rq.cli.produce import sendmesg_client
+        return sendmesg_client(inv)
     return send_message(inv, "create_message")
 
 
