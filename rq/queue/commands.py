@@ -22,7 +22,7 @@ from rq import message, protocol
 from rq.message import truthy
 from rq.errors import Fail
 from rq.queue import bulk
-from rq.queue.enqueue import MAX_BATCH, Enqueue
+from rq.queue.enqueue import Enqueue
 from rq.queue.leases import Leases, lease_length
 from rq.queue.state import QueueState
 
@@ -35,6 +35,8 @@ ALWAYS = {"ping", "uptime", "config", "status", "shutdown", "num_messages", "mes
 INLINE_PASS = {"create_message"}
 DEFAULT_LIMIT = 1000
 MOVED_RETRIES = 5  # a message read while it moves is looked up again (STYLE habit 2)
+BULK_THREADS = 32  # allocating threads per create_messages chunk (rq.queue.enqueue)
+BULK_CHUNK = 256  # messages per commit (one fsync of que/) of a create_messages frame
 
 
 class Commands:
@@ -189,11 +191,12 @@ class Commands:
                 refusal = str(exc)
                 break
         ids: list[str] = []
-        for start in range(0, len(todo), MAX_BATCH):  # a chunk after a failed one is not sent
-            for outcome in self.enqueue.submit_many(todo[start:start + MAX_BATCH]):
-                if isinstance(outcome, Fail):
-                    return ["fail", str(outcome), ids]
-                ids.append(self.state.full_id(outcome))
+        for start in range(0, len(todo), BULK_CHUNK):  # a chunk after a failed one is not sent
+            chunk = [(fields, None) for fields in todo[start:start + BULK_CHUNK]]
+            for msg_id, error in self.enqueue.create_batch(chunk, parallel=BULK_THREADS):
+                if error is not None:
+                    return ["fail", str(error), ids]
+                ids.append(self.state.full_id(msg_id))
         return ["ok", ids] if refusal is None else ["fail", refusal, ids]
 
     def cmd_prep_message(self, data: Any) -> Any:
