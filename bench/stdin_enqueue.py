@@ -12,7 +12,8 @@ Trials interleaved, `--runs` of each, `--n` messages per trial:
 Printed per system: msg/s (median and the runs), the CPU seconds per 1,000
 messages of the client processes (getrusage of the children: the tsp or rq
 commands and their shell, not the tsp server or the queue process), and the
-ratio to tsp's rate.  Needs tsp (Debian task-spooler: apt-get install task-spooler).
+ratio to tsp's rate; then the queue process's own CPU per 1k messages.
+Needs tsp (Debian task-spooler: apt-get install task-spooler).
 """
 
 from __future__ import annotations
@@ -64,10 +65,20 @@ def tsp_trial(tsp: str, base: Path, n: int) -> tuple[float, float]:
     return rate, cpu
 
 
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+QUEUE_CPU: list[float] = []  # the queue process's CPU s per 1k messages, per --stdin trial
+
+
 def rq_stdin_trial(rq: str, env: dict[str, str], n: int, q: QueueProc) -> tuple[float, float]:
-    before = q.call("num_messages")["que"]
+    before, qcpu = q.call("num_messages")["que"], process_cpu(q.pid)
     lines = "".join(f"job {i}\n" for i in range(n)).encode()
     rate, cpu, out = run_timed([rq, "sendmesg", "--dest", QUEUE, "--stdin"], env, n, lines)
+    QUEUE_CPU.append((process_cpu(q.pid) - qcpu) / n * 1000)
     if len(out.splitlines()) != n or q.call("num_messages")["que"] != before + n:
         raise SystemExit("rq sendmesg --stdin: not every message was queued")
     return rate, cpu
@@ -110,6 +121,7 @@ def main() -> int:
         runs = fmt_runs(rates)
         print(f"  {label:36} {median(rates):7.0f} {runs:20} {cpu:6.2f}  "
               f"{median(rates) / base_rate:5.2f}")
+    print(f"  the queue process's CPU per 1k messages of --stdin: {median(QUEUE_CPU[1:]):.2f} s")
     print("  target: rq sendmesg --stdin >= 2x the tsp shell loop")
     return 0
 
