@@ -172,6 +172,10 @@ def test_issue15_send_many_stops_at_the_first_refusal(rq: Client, site: tuple[Pa
     ids = rq.send_many("held", [{"param1": str(i)} for i in range(600)], batch=100)
     assert len(ids) == 600 and len(set(ids)) == 600
     assert [rq.message(i)["param1"] for i in ids[::97]] == [str(i) for i in range(0, 600, 97)]
+    que = client.call_queue(str(root), "held", "messages", {"state": "que", "limit": 10**6})
+    place = {m["msg_id"]: n for n, m in enumerate(que)}
+    order = [place[i.rsplit("/", 1)[1]] for i in ids]
+    assert order == sorted(order)  # scheduled (S5.1) in input order
     msgs = [{"param1": str(i)} for i in range(300)]
     msgs[150] = {"param1": "bad", "max_count": -1}
     with pytest.raises(BulkRefused) as info:

@@ -226,3 +226,24 @@ def test_every_static_file_is_served(served: Served, name: str) -> None:
     assert resp.status_code == 200, name
     assert resp.content == (REPO / "web" / "static" / name).read_bytes()
 
+
+
+def test_issue16_producer_api_and_cli_from_the_wheel(installed: Install, served: Served) -> None:
+    """Issues 15 and 16 from a clean install: `from rq import Client` (py.typed shipped) over
+    the socket and over HTTP, `rq sendmesg --stdin` and `rq wait`, the wheel's own scripts."""
+    code = ("import os, sys, rq\n"
+            "from rq import Client\n"
+            "assert os.path.isfile(os.path.join(os.path.dirname(rq.__file__), 'py.typed'))\n"
+            "for c in (Client(sys.argv[1]), Client(url=sys.argv[2])):\n"
+            "    print(c.wait(c.send('test', param1='wheel'), timeout=60).status)\n")
+    done = installed.run(installed.script("python"), "-c", code, str(served.root), served.url)
+    assert (done.returncode, done.stdout) == (0, "done - ok\ndone - ok\n"), done.stderr
+    rq = installed.script("rq")
+    sent = subprocess.run([rq, "--root", str(served.root), "sendmesg", "--dest", "test",
+                           "--stdin"], input="a\nb\n", capture_output=True, text=True,
+                          timeout=60, cwd=installed.cwd, env=installed.env)
+    ids = sent.stdout.split()
+    assert sent.returncode == 0 and len(ids) == 2, sent.stderr
+    waited = installed.run(rq, "--root", str(served.root), "wait", "--msg_id", ids[0],
+                           "--msg_id", ids[1], "--timeout", "60")
+    assert (waited.returncode, waited.stdout) == (0, "".join(f"{i} done - ok\n" for i in ids))

@@ -35,7 +35,6 @@ ALWAYS = {"ping", "uptime", "config", "status", "shutdown", "num_messages", "mes
 INLINE_PASS = {"create_message"}
 DEFAULT_LIMIT = 1000
 MOVED_RETRIES = 5  # a message read while it moves is looked up again (STYLE habit 2)
-BULK_THREADS = 32  # allocating threads per create_messages chunk (rq.queue.enqueue)
 BULK_CHUNK = 256  # messages per commit (one fsync of que/) of a create_messages frame
 
 
@@ -190,10 +189,10 @@ class Commands:
             except Fail as exc:
                 refusal = str(exc)
                 break
-        ids: list[str] = []
+        ids: list[str] = []  # allocated one after the other: ids (and so que order) follow input
         for start in range(0, len(todo), BULK_CHUNK):  # a chunk after a failed one is not sent
             chunk = [(fields, None) for fields in todo[start:start + BULK_CHUNK]]
-            for msg_id, error in self.enqueue.create_batch(chunk, parallel=BULK_THREADS):
+            for msg_id, error in self.enqueue.create_batch(chunk):
                 if error is not None:
                     return ["fail", str(error), ids]
                 ids.append(self.state.full_id(msg_id))

@@ -104,21 +104,21 @@ class Enqueue:
             raise error
         return msg_id
 
-    def create_batch(self, specs: list[tuple[dict[str, Any], str | None]], *,
-                     parallel: int = 1) -> list[tuple[str, Fail | None]]:
+    def create_batch(self, specs: list[tuple[dict[str, Any], str | None]]
+                     ) -> list[tuple[str, Fail | None]]:
         """create() for several messages at once, sharing one commit
         (commit_batch); per message its id and None, or "" and its Fail.  A
-        message that fails after its allocation is removed from prep.  With
-        `parallel` > 1 that many threads allocate (rq.queue.bulk): their msg
-        fsyncs overlap, and the filesystem joins them in its journal commits."""
+        message that fails after its allocation is removed from prep."""
         out: list[tuple[str, Fail | None]] = []
         made: list[tuple[int, str, str]] = []
-        for spec, result in zip(specs, self._allocate_all(specs, parallel)):
-            if isinstance(result, Fail):
-                out.append(("", result))
+        for fields, src_path in specs:
+            try:
+                msg_id, path = self.allocate_with(fields, src_path)
+            except Fail as exc:
+                out.append(("", exc))
                 continue
-            made.append((len(out), *result))
-            out.append((result[0], None))
+            made.append((len(out), msg_id, path))
+            out.append((msg_id, None))
         errors = self.commit_batch([(msg_id, specs[i][0]) for i, msg_id, _ in made])
         for (i, msg_id, path), err in zip(made, errors):
             if err is None:
@@ -127,19 +127,6 @@ class Enqueue:
             out[i] = ("", err if isinstance(err, Fail)
                       else Fail(f"msg couldn't be created: {err.strerror or err}"))
         return out
-
-    def _allocate_all(self, specs: list[tuple[dict[str, Any], str | None]],
-                      parallel: int) -> list[tuple[str, str] | Fail]:
-        def one(spec: tuple[dict[str, Any], str | None]) -> tuple[str, str] | Fail:
-            try:
-                return self.allocate_with(*spec)
-            except Fail as exc:
-                return exc
-        if parallel <= 1 or len(specs) <= 1:
-            return [one(spec) for spec in specs]
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(min(parallel, len(specs)), "rq-alloc") as pool:
-            return list(pool.map(one, specs))
 
     def allocate_with(self, fields: dict[str, Any], src_path: str | None) -> tuple[str, str]:
         """allocate(), then hard-link the attachments of `src_path` (a clone);
