@@ -143,9 +143,10 @@ class Store:
 
     # ------------------------------------------------------------ writing
     def allocate(self, fields: dict[str, Any], now: float, base_url: str, *,
-                 sync_prep: bool = True) -> tuple[str, str]:
+                 sync_prep: bool = True, msg_id: str | None = None) -> tuple[str, str]:
         """Create `prep/ID/` with its msg file (S4.1) and return (id, path).
-        `fields` gains `msg_id` and the default `orig_msg_id`.
+        `fields` gains `msg_id` and the default `orig_msg_id`.  A `msg_id` from
+        new_ids() is tried first (should it be taken meanwhile, a new one is made).
 
         The msg file and the ID directory are durable on return; with
         `sync_prep` the prep/ entry is too (a later commit rename followed by
@@ -156,11 +157,9 @@ class Store:
         a new directory (msg temp file + fsync, rename, fsync of ID/)."""
         prep = self.state_dir("prep")
         own_orig = "orig_msg_id" not in fields
+        given = msg_id
         while True:
-            with self._id_lock:
-                msg_id = new_msg_id(now, next(self._counter))
-            if any(os.path.lexists(self.msg_path(s, msg_id)) for s in STATES[1:]):
-                continue
+            msg_id, given = given or self.new_ids(now, 1)[0], None
             path = os.path.join(prep, msg_id)
             fields["msg_id"] = msg_id  # the caller's dict becomes the stored fields
             if own_orig:
@@ -185,6 +184,17 @@ class Store:
             _rmtree_quiet(path)
             raise
         return msg_id, path
+
+    def new_ids(self, now: float, n: int) -> list[str]:
+        """`n` new ids in increasing order, none held by a message of the queue in
+        a state after prep (S4.1; prep/ID itself is claimed by its mkdir or rename)."""
+        out: list[str] = []
+        while len(out) < n:
+            with self._id_lock:
+                msg_id = new_msg_id(now, next(self._counter))
+            if not any(os.path.lexists(self.msg_path(s, msg_id)) for s in STATES[1:]):
+                out.append(msg_id)
+        return out
 
     def _publish_spare(self, spare: str, path: str, fields: dict[str, Any]) -> bool:
         """Write and fsync the msg inside `spare`, then rename it to `path`

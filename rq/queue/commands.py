@@ -189,10 +189,11 @@ class Commands:
             except Fail as exc:
                 refusal = str(exc)
                 break
-        ids: list[str] = []  # allocated one after the other: ids (and so que order) follow input
+        ids: list[str] = []
         for start in range(0, len(todo), BULK_CHUNK):  # a chunk after a failed one is not sent
-            chunk = [(fields, None) for fields in todo[start:start + BULK_CHUNK]]
-            for msg_id, error in self.enqueue.create_batch(chunk):
+            chunk: list[tuple[dict[str, Any], str | None]] = [
+                (fields, None) for fields in todo[start:start + BULK_CHUNK]]
+            for msg_id, error in self.enqueue.create_batch(chunk, bulk=True):
                 if error is not None:
                     return ["fail", str(error), ids]
                 ids.append(self.state.full_id(msg_id))
