@@ -27,7 +27,8 @@ COMMANDS = sorted(["sendmesg", "prepmesg", "single_que", "attachmesg", "commitme
                    "statusmesg", "state", "statuscountmesg", "attachstatusmesg", "clone",
                    "showmesg", "deletemesg", "destroymesg", "runmesg", "queues", "admin",
                    "fsck", "reserve", "report", "renew", "watch", "analytics",
-                   "createqueue", "configqueue", "deletequeue", "completion"])
+                   "createqueue", "configqueue", "deletequeue", "completion",
+                   "wait"])  # issue 16 item 2
 USAGE = "Valid commands are:\n" + "".join(f"  {name}\n" for name in COMMANDS)
 MESSAGE_COMMANDS = ["commitmesg", "statusmesg", "state", "statuscountmesg",
                     "attachstatusmesg", "clone", "showmesg", "deletemesg", "destroymesg",
@@ -485,3 +486,12 @@ def test_sendmesg_as_subprocess(root: Path,
     proc = run_rq("sendmesg", "--root", str(root), "--dest", "test", "--src", "cli")
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"ok {FULL}\n", "")
     assert queue.requests == [("create_message", {"dest": "test", "src": "cli"})]
+
+
+def test_issue16_a_commands_own_flags_accumulate() -> None:
+    """`rq wait --msg_id A --msg_id B` waits for both: wait's --msg_id accumulates,
+    every other command's keeps its last value (S19.1)."""
+    args = ["--msg_id", "a", "--msg_id=b"]
+    assert base.parse_flags(args, frozenset({"msg_id"})) == {"msg_id": ["a", "b"]}
+    assert base.parse_flags(args) == {"msg_id": "b"}
+    assert base.COMMANDS["wait"].accumulating == {"msg_id"}
