@@ -25,7 +25,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -300,7 +300,7 @@ class Client:
         refs = {msg_id: split_ref(msg_id) for msg_id in ids}
         deadline = None if timeout is None else time.monotonic() + timeout
         patterns = sorted({self.transport.topic(name) for name, _ in refs.values()})
-        final: dict[str, Status] = {}
+        final: dict[tuple[str, str], Status] = {}   # by (queue, short id): spellings differ
         with self.transport.subscribe(patterns) as stream:
             pending = {ref: msg_id for msg_id, ref in refs.items()}
             self._recheck(pending, final)
@@ -310,7 +310,8 @@ class Client:
                 if deadline is not None and now >= deadline:
                     self._recheck(pending, final)
                     if pending:
-                        raise WaitTimeout([final.get(i) or self.status(i) for i in ids])
+                        raise WaitTimeout([replace(final[refs[i]], msg_id=i) if refs[i] in final
+                                           else self.status(i) for i in ids])
                     break
                 if now >= next_check:
                     self._recheck(pending, final)
@@ -326,9 +327,11 @@ class Client:
                 ref = (event.get("queue"), event.get("msg_id"))
                 if ref in pending and (event.get("to") in ENDED or event.get("to") == GONE):
                     self._recheck(pending, final, only=ref)
-        return final[ids[0]] if isinstance(msg_ids, str) else [final[i] for i in ids]
+        statuses = [replace(final[refs[i]], msg_id=i) for i in ids]
+        return statuses[0] if isinstance(msg_ids, str) else statuses
 
-    def _recheck(self, pending: dict[tuple[str, str], str], final: dict[str, Status],
+    def _recheck(self, pending: dict[tuple[str, str], str],
+                 final: dict[tuple[str, str], Status],
                  only: tuple[str, str] | None = None) -> None:
         """Read each message of `pending` (or just `only`) again; the ended ones
         move to `final`."""
@@ -342,6 +345,6 @@ class Client:
                     raise
                 status = Status(msg_id, GONE, exc.reason)
             if status.ended:
-                final[msg_id] = status
+                final[ref] = status
                 pending.pop(ref, None)
 

@@ -126,8 +126,9 @@ def test_issue16_clone_and_err(rq: Client) -> None:
     assert rq.message(copy)["cloned_from"] == done.msg_id.rsplit("/", 1)[1]
     failed = rq.wait(rq.send("bad"), timeout=30)
     assert (failed.state, failed.status, failed.ok) == ("err", "err - by design", False)
-    [a, b] = rq.wait([rq.send("test"), failed.msg_id], timeout=30)
-    assert (a.state, b.state) == ("done", "err")
+    other = failed.msg_id.replace("127.0.0.1", "elsewhere.example")  # S4.2: host ignored
+    [a, b, c] = rq.wait([rq.send("test"), failed.msg_id, other], timeout=30)
+    assert (a.state, b.state, c) == ("done", "err", Status(other, "err", "err - by design"))
 
 
 def test_issue16_queues_and_counts(rq: Client) -> None:

@@ -9,7 +9,9 @@ run/ before its reply), `create` for callers that may hold the queue lock
 (cron, clone), and `submit` / `submit_many` for socket requests: when no other
 create is being committed the caller commits at once, itself (one client pays
 no hand-off); otherwise it waits, and the next caller to lead takes every
-create waiting by then as one batch.
+create waiting by then as one batch.  A bulk frame (rq.queue.bulk) is one
+`create_batch(bulk=True)`: ids taken in input order, then allocated on threads
+whose msg fsyncs overlap.
 
 A message whose own steps fail gets its own Fail; a failed fsync of que/
 fails every message of its batch, each put back in prep/ and removed, as a
