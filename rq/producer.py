@@ -174,7 +174,7 @@ class Client:
         if url is not None:
             self.transport = HttpTransport(url, auth, timeout)
         else:
-            from rq.config import find_root
+            from rq.root import find_root
             argv = [] if root is None else ["--root", root]
             self.transport = LocalTransport(find_root("rq", argv, os.environ)[0])
         self._prefix: str | None = None

@@ -52,8 +52,13 @@ CONFIG = {
 
 # name -> (one-line description, {flag: (description, example)}, example command line)
 COMMANDS: dict[str, tuple[str, Mapping[str, tuple[str, str]], str]] = {
-    "sendmesg": ("queue a new message; prints its full id", SEND,
-                 "rq sendmesg --dest video --param1 /data/a.mov"),
+    "sendmesg": ("queue a new message; prints its full id", {
+        **SEND,
+        "stdin": ("one message per input line (a JSON object of fields, or param1); "
+                  "prints one full id per line", "--stdin < jobs.txt"),
+        "url": ("send over HTTP to this RQ web server instead of the local root",
+                "--url http://rq.example.com:3333/")},
+                 "find /data -name '*.mov' | rq sendmesg --dest video --stdin"),
     "prepmesg": ("make a message held in prep/ (attach files, then commitmesg)", SEND,
                  "rq prepmesg --dest video --param1 /data/a.mov"),
     "single_que": ("queue a message unless an equal one is already waiting", SEND,
@@ -138,6 +143,12 @@ COMMANDS: dict[str, tuple[str, Mapping[str, tuple[str, str]], str]] = {
         "since": ("replay the events since this epoch first", "--since 1764158400"),
         "json": ("one JSON object per line instead of text", "--json")},
         "rq watch --pattern '#'"),
+    "wait": ("block until the messages end; print each status; exit 0 done, 1 err, 2 timeout", {
+        "msg_id": ("a message's full id (repeatable: waits for all)", f"--msg_id {FULL_ID}"),
+        "timeout": ("give up after this many seconds (exit 2)", "--timeout 600"),
+        "url": ("ask this RQ web server instead of the local root",
+                "--url http://rq.example.com:3333/")},
+        f"rq wait --msg_id {FULL_ID} --timeout 600"),
     "completion": ("print the bash completion script (see rq completion --help)", {
         "queues": ("print the root's queue names instead (used by the script)", "--queues")},
         "rq completion bash > ~/.local/share/bash-completion/completions/rq"),
