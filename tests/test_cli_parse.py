@@ -494,4 +494,5 @@ def test_issue16_a_commands_own_flags_accumulate() -> None:
     args = ["--msg_id", "a", "--msg_id=b"]
     assert base.parse_flags(args, frozenset({"msg_id"})) == {"msg_id": ["a", "b"]}
     assert base.parse_flags(args) == {"msg_id": "b"}
-    assert base.COMMANDS["wait"].accumulating == {"msg_id"}
+    wait = base.load_command("wait")
+    assert wait is not None and wait.accumulating == {"msg_id"}

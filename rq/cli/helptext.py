@@ -58,7 +58,7 @@ COMMANDS: dict[str, tuple[str, Mapping[str, tuple[str, str]], str]] = {
                   "prints one full id per line", "--stdin < jobs.txt"),
         "url": ("send over HTTP to this RQ web server instead of the local root",
                 "--url http://rq.example.com:3333/")},
-                 "find /data -name '*.mov' | rq sendmesg --dest video --stdin"),
+                 "rq sendmesg --dest video --stdin < jobs.txt"),
     "prepmesg": ("make a message held in prep/ (attach files, then commitmesg)", SEND,
                  "rq prepmesg --dest video --param1 /data/a.mov"),
     "single_que": ("queue a message unless an equal one is already waiting", SEND,
