@@ -11,6 +11,7 @@ one line, `ready` or `fatal <the ERROR line to print>`.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -23,7 +24,7 @@ from rq.errors import ConfigError, RQError
 from rq.logs import setup_logging
 from rq.mgr import pidfile
 from rq.mgr.children import Policy
-from rq.mgr.programs import ArgvBuilder, child_env
+from rq.mgr.programs import ArgvBuilder, child_env, default_argv
 from rq.mgr.supervisor import Manager
 from rq.proc import ReadyPipe
 
@@ -55,6 +56,8 @@ def run_daemon(root: str, *, stderr_log: bool = False, ready_fd: int | None = No
     except OSError as exc:
         return startup_failed(f"ERROR: cannot open log/queuemgr.log: {exc.strerror}", ready)
     setproctitle.setproctitle(pidfile.title(root))  # before the pid file names us
+    if argv_for is None:  # S1.5: under `rq-mgr run` the children's lines reach stderr too
+        argv_for = functools.partial(default_argv, root, log_stderr=stderr_log)
     manager = Manager(root, config, env=child_env(os.environ, config), argv_for=argv_for,
                       policy=policy, fs=fsops.from_environment(os.environ),
                       on_ready=lambda: ready.send("ready"))
