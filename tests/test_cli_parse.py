@@ -27,7 +27,8 @@ COMMANDS = sorted(["sendmesg", "prepmesg", "single_que", "attachmesg", "commitme
                    "statusmesg", "state", "statuscountmesg", "attachstatusmesg", "clone",
                    "showmesg", "deletemesg", "destroymesg", "runmesg", "queues", "admin",
                    "fsck", "reserve", "report", "renew", "watch", "analytics",
-                   "createqueue", "configqueue", "deletequeue", "completion"])
+                   "createqueue", "configqueue", "deletequeue", "completion",
+                   "requeue", "purge"])  # issue 16 item 6
 USAGE = "Valid commands are:\n" + "".join(f"  {name}\n" for name in COMMANDS)
 MESSAGE_COMMANDS = ["commitmesg", "statusmesg", "state", "statuscountmesg",
                     "attachstatusmesg", "clone", "showmesg", "deletemesg", "destroymesg",
