@@ -338,3 +338,18 @@ def describe_exit(returncode: int) -> str:
         return f"killed by {signal.Signals(-returncode).name}"
     except ValueError:
         return f"killed by signal {-returncode}"
+
+
+# ---------------------------------------------------------------- ages (issue 16: bulk purge)
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_AGE_RE = re.compile(r"(\d{1,9}(?:\.\d{1,6})?)([smhdw]?)", re.ASCII)
+
+
+def parse_age(text: str) -> float:
+    """An age as `rq purge --older-than` and the queue page take it: a number with an
+    optional unit `s` (the default), `m`, `h`, `d` or `w`: `7d` → 604800.0.
+    Raises ProtocolError."""
+    m = _AGE_RE.fullmatch(text.strip())
+    if m is None:
+        raise ProtocolError(f"invalid age {text} (a number with s, m, h, d or w, e.g. 7d)")
+    return float(m.group(1)) * AGE_UNITS[m.group(2) or "s"]

@@ -13,24 +13,25 @@ AGE is a number with an optional unit: `s` (the default), `m`, `h`, `d` or `w`, 
 
 from __future__ import annotations
 
-import re
 from typing import Any
+
+from rq import protocol
 
 from rq.cli.base import CliError, Invocation, call_queue, command, is_ok, optional, \
     print_reply, require
+from rq.errors import ProtocolError
 
 BULK_TIMEOUT = 3600.0  # a purge of a large hashdir takes a while; the reply waits for it
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-AGE_RE = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
 SEARCH_FLAGS = ("search", "exact", "dry-run")
 
 
 def parse_age(text: str) -> float:
-    """`7d` → 604800.0; `90` → 90.0 seconds."""
-    m = AGE_RE.fullmatch(text.strip())
-    if m is None:
-        raise CliError(f"invalid --older-than {text} (a number with s, m, h, d or w, e.g. 7d)")
-    return float(m.group(1)) * UNITS[m.group(2) or "s"]
+    """`7d` → 604800.0; `90` → 90.0 seconds (rq.protocol.parse_age)."""
+    try:
+        return protocol.parse_age(text)
+    except ProtocolError:
+        raise CliError(f"invalid --older-than {text} (a number with s, m, h, d or w, e.g. 7d)") \
+            from None
 
 
 def search_args(inv: Invocation) -> dict[str, Any]:
