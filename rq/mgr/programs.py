@@ -42,8 +42,9 @@ def default_argv(root: str, kind: str, name: str, *, log_stderr: bool = False) -
 
 
 def child_env(base: Mapping[str, str], config: MainConfig) -> dict[str, str]:
-    """S6.2: the manager's environment plus RQ_ENV, RQ_ROOT and TMPDIR."""
+    """S6.2: the manager's environment plus RQ_ENV, RQ_ROOT and TMPDIR, less NOTIFY_SOCKET."""
     env = dict(base)
+    env.pop("NOTIFY_SOCKET", None)  # systemd's readiness socket is the manager's alone
     env["RQ_ENV"] = config.env
     env["RQ_ROOT"] = config.root
     if config.tmpdir:
