@@ -99,7 +99,8 @@ def test_requeue_only_the_messages_matching_a_search(root: Path) -> None:
     put(root, "test", "err", old_id(now, 1), "err timeout talking to db", param1="a")
     put(root, "test", "err", old_id(now, 2), "err bad input", param1="b")
     put(root, "test", "done", old_id(now, 3), "done fine", param1="report-7")
-    put(root, "test", "done", old_id(now, 4), "done fine", param1="report")
+    put(root, "test", "done", old_id(now, 4), "duplicate of another", param1="report",
+        dup=f"http://127.0.0.1:3333/q/test/{old_id(now, 9)}")
     (root / "config" / "test.pause").touch()  # the requeued stay in que until resumed
     qp = QueueProc(root, "test")
     try:
@@ -111,6 +112,8 @@ def test_requeue_only_the_messages_matching_a_search(root: Path) -> None:
         assert reply == ["ok", 1]
         assert ids_in(root, "test", "done") == {old_id(now, 3)}
         assert ids_in(root, "test", "que") == {old_id(now, 1), old_id(now, 4)}
+        requeued = qp.message(f"http://127.0.0.1:3333/q/test/{old_id(now, 4)}")
+        assert "dup" not in requeued and requeued["count"] == 2  # S4.4: of the last run only
         os.unlink(root / "config" / "test.pause")
         wait_for(lambda: qp.counts()["done"] == 3, what="the requeued messages to run")
     finally:

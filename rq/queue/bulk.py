@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rq import message, protocol
-from rq.errors import Fail
+from rq.errors import Fail, ProtocolError
 from rq.queue.state import QueueState
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class Bulk:
     def requeue(self, data: Any) -> list[Any]:
         """`requeue_messages {state, query?, exact?, dry_run?}` → ["ok", N]: every
         matching message of `state` back to que, due now, `count` kept (the same
-        rule as the S2.5 and S2.7 requeues)."""
+        rule as the S2.5 and S2.7 requeues), `dup`/`dups` dropped."""
         args = _args(data)
         state = args.get("state", "err")
         if state not in REQUEUE_FROM:
@@ -111,7 +111,11 @@ class Bulk:
         ids = store.list_flat(state) if state == "err" else \
             store.iter_hashed(state, newest_first=False)
         for msg_id in ids:
-            if before is not None and message.id_epoch(msg_id) > before:
+            try:
+                created = message.id_epoch(msg_id)
+            except ProtocolError:  # shaped like an id but no real time: not ours to move
+                continue
+            if before is not None and created > before:
                 if state != "err":
                     return  # a hashdir walked oldest first holds only newer ids from here
                 continue
@@ -146,6 +150,8 @@ class Bulk:
                     continue  # moved or deleted since it was chosen
                 try:
                     fields = store.read_msg(path)
+                    for stale in ("dup", "dups"):  # S4.4: they told how the last run ended
+                        fields.pop(stale, None)
                     fields["due"] = now
                     store.write_msg(path, fields, sync=False)
                     store.write_status(path, REQUEUED)
