@@ -188,8 +188,8 @@ def test_cli_requeue_and_purge(root: Path) -> None:
 
 @pytest.mark.parametrize("args, err", [
     (["purge", "--queue", "test"], "rq: missing required argument --older-than\n"),
-    (["purge", "--queue", "test", "--older-than", "7 days"],
-     "rq: invalid --older-than 7 days (a number with s, m, h, d or w, e.g. 7d)\n"),
+    (["purge", "--queue", "test", "--older-than", "7 fortnights"],
+     "rq: invalid --older-than 7 fortnights (a number with s, m, h, d or w, e.g. 7d)\n"),
     (["requeue", "--queue", "test", "--search", "nofield"],
      "rq: invalid --search nofield (FIELD=VALUE, e.g. param1=report)\n"),
     (["requeue", "--queue", "nosuch"], "rq: queue not found: nosuch\n"),
