@@ -13,13 +13,14 @@ AGE is a number with an optional unit: `s` (the default), `m`, `h`, `d` or `w`, 
 
 from __future__ import annotations
 
-from typing import Any
-
 from rq import protocol
-
 from rq.cli.base import CliError, Invocation, call_queue, command, is_ok, optional, \
     print_reply, require
 from rq.errors import ProtocolError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 BULK_TIMEOUT = 3600.0  # a purge of a large hashdir takes a while; the reply waits for it
 SEARCH_FLAGS = ("search", "exact", "dry-run")
