@@ -62,6 +62,9 @@ class DaemonSpec:
             parser.add_argument(flag, **kwargs)
         parser.add_argument("--lifeline-fd", type=int)
         parser.add_argument("--ready-fd", type=int)
+        # `rq-mgr run` asks its children to copy their log to stderr too (S1.5, issue 16):
+        # run by hand (no ready pipe) a daemon does so anyway.
+        parser.add_argument("--log-stderr", action="store_true")
         return parser.parse_args(argv)
 
 
@@ -78,7 +81,7 @@ def run_daemon(spec: DaemonSpec, argv: list[str] | None = None) -> int:
     ready = ReadyPipe(args.ready_fd)
     try:
         os.chdir(root)
-        setup_logging(root, role, stderr=args.ready_fd is None)
+        setup_logging(root, role, stderr=args.ready_fd is None or args.log_stderr)
     except OSError as exc:
         return report_fatal(spec, ready, log,
                             f"cannot open log/queuemgr.log: {exc.strerror or exc}")

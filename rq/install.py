@@ -10,9 +10,12 @@ it works from any checkout.
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
+import pwd
 import re
+import shutil
 import socket
 import sys
 import tempfile
@@ -30,6 +33,7 @@ VALUE_FLAGS = ("env", "host", "port", "addr", "tmpdir", "root")
 USAGE = (
     f"usage: {PROG} [--root PATH] [--env ENV] [--host HOST] [--port PORT] [--addr ADDR]\n"
     "                  [--tmpdir DIR] [--allow-new-queue | --no-allow-new-queue] [--force]\n"
+    f"       {PROG} [--root PATH] --systemd   (print a systemd unit running rq-mgr for it)\n"
 )
 # S6.1: an exec_prefix containing any of these (or whitespace inside the path) would be run
 # through /bin/sh -c or split wrongly, so an interpreter path with them is not used as prefix.
@@ -63,7 +67,7 @@ def parse_flags(argv: Sequence[str]) -> dict[str, str | bool]:
                     raise UsageError(f"{PROG}: option --{name} needs a value")
                 value = args.pop(0)
             flags[name] = value
-        elif name in ("force", "allow-new-queue", "no-allow-new-queue") and not eq:
+        elif name in ("force", "allow-new-queue", "no-allow-new-queue", "systemd") and not eq:
             flags[name] = True
         else:
             raise UsageError(f"{PROG}: unknown option: {arg}")
@@ -216,6 +220,38 @@ def install(opts: Options) -> list[str]:
     return lines
 
 
+def systemd_unit(root: str) -> str:
+    """The packaged rq-mgr unit (rq/mgr/rq-mgr.service, also config/rq-mgr.service; issue
+    16 item 7) for `root`: ExecStart runs the rq-mgr installed beside this Python (else
+    the one on PATH) on `root`, as the user and group that own it (else ours)."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "mgr",
+                           "rq-mgr.service"), encoding="utf-8") as f:
+        text = f.read()
+    mgr = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "rq-mgr")
+    if not os.access(mgr, os.X_OK):
+        mgr = shutil.which("rq-mgr") or mgr
+    try:
+        st = os.stat(root)
+        uid, gid = st.st_uid, st.st_gid
+    except OSError:
+        uid, gid = os.getuid(), os.getgid()
+    for path in (mgr, root):  # systemd splits ExecStart on whitespace; `%` is a specifier
+        if any(c.isspace() or c in "%\\\"'" for c in path):
+            raise UsageError(f"{PROG}: cannot write a systemd unit for the path {path}")
+    values = {"ExecStart": f"{mgr} --root {root} run", "User": _name(pwd.getpwuid, uid),
+              "Group": _name(grp.getgrgid, gid)}
+    for key, value in values.items():
+        text = re.sub(rf"(?m)^{key}=.*$", f"{key}={value}".replace("\\", "\\\\"), text)
+    return text
+
+
+def _name(lookup: Any, ident: int) -> str:
+    try:
+        return str(lookup(ident)[0])
+    except KeyError:
+        return str(ident)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -223,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(USAGE)
             return 0
         opts = build_options(args, dict(os.environ), os.getcwd())
+        if "--systemd" in args:
+            sys.stdout.write(systemd_unit(opts.root))
+            return 0
         lines = install(opts)
     except UsageError as err:
         print(err, file=sys.stderr)

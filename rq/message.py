@@ -12,7 +12,7 @@ import math
 import re
 
 from rq.errors import Fail, ProtocolError
-from rq.protocol import valid_msg_id
+from rq.protocol import dumps, valid_msg_id
 
 TYPE_CHECKING = False  # typing is not imported at run time (issue 15)
 if TYPE_CHECKING:
@@ -174,3 +174,17 @@ def id_epoch(msg_id: str) -> float:
             and hour < 24 and minute < 60 and sec < 60):
         raise ProtocolError(f"invalid msg_id: {msg_id}")
     return calendar.timegm((*parts, 0, 0, 0)) + int(ms) / 1000
+
+
+def matches_query(msg: dict[str, Any], query: dict[str, str], exact: bool) -> bool:
+    """S15 route 8 (`GET /search`), also the bulk commands' search (issue 16): every
+    query field exists and its value (non-strings as JSON text) contains the wanted
+    text, or equals it when `exact`."""
+    for field, wanted in query.items():
+        if field not in msg:
+            return False
+        value = msg[field]
+        text = value if isinstance(value, str) else dumps(value)
+        if (text != wanted) if exact else (wanted not in text):
+            return False
+    return True

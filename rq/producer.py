@@ -11,7 +11,7 @@ Owns: which queue a `dest` goes to (S19 sendmesg, S4.3), the S4.4 fields a
 send takes (attachments from paths or bytes, `due` as a datetime or seconds
 from now), waiting for messages to end (S8.8 events, then a re-check of the
 message, so an end that happened before the subscription is seen too), and
-the bulk window of `send_many` / `BulkSender` (rq.queue.bulk).  The wire
+the bulk window of `send_many` / `BulkSender` (rq.queue.createstream).  The wire
 formats are rq.transports'.  Errors: `Refused` carries the server's reason;
 `ConnectError` when nothing answers; `WaitTimeout` from `wait`.
 
@@ -113,7 +113,7 @@ def split_ref(msg_id: str) -> tuple[str, str]:
 
 class BulkSender:
     """Messages sent on one stream in batches, up to WINDOW batches in flight
-    (rq.queue.bulk).  `send` returns the ids of the batches answered so far,
+    (rq.queue.createstream).  `send` returns the ids of the batches answered so far,
     in input order; `flush` waits for the rest.  A refusal raises BulkRefused
     once its reply arrives; nothing sent after the refused message is queued."""
 

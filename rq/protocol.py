@@ -338,3 +338,20 @@ def describe_exit(returncode: int) -> str:
         return f"killed by {signal.Signals(-returncode).name}"
     except ValueError:
         return f"killed by signal {-returncode}"
+
+
+# ---------------------------------------------------------------- ages (issue 16: bulk purge)
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_AGE_RE = re.compile(r"(\d{1,9}(?:\.\d{1,6})?) ?(?:(s|sec|secs|seconds?)|(m|min|mins|minutes?)"
+                     r"|(h|hours?)|(d|days?)|(w|weeks?))?", re.ASCII)
+
+
+def parse_age(text: str) -> float:
+    """An age as `rq purge --older-than` and the queue page take it: a number with an
+    optional unit `s` (the default), `m`, `h`, `d` or `w`, or its word (`7d`, `7 days`,
+    `36h`, `90`) → seconds.  Raises ProtocolError."""
+    m = _AGE_RE.fullmatch(text.strip().lower())
+    if m is None:
+        raise ProtocolError(f"invalid age {text} (a number with s, m, h, d or w, e.g. 7d)")
+    unit = next((u for u, g in zip("smhdw", m.groups()[1:]) if g), "s")
+    return float(m.group(1)) * AGE_UNITS[unit]

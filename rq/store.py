@@ -30,6 +30,7 @@ from rq.fsops import FsOps, is_regular, md5_file, unlink_quiet
 
 STATES = ("prep", "que", "run", "done", "relayed", "err")
 HASHED = ("done", "relayed")
+HIDDEN_PREFIX = ".deleting."  # a deleted message on its way out (Store.hide)
 BAD_ATTACH_CHARS = set("/~?[]%|$&<>")
 
 
@@ -288,11 +289,27 @@ class Store:
     def remove(self, path: str) -> None:
         """Delete a message directory: first one rename out of the state
         directory (so no reader sees half a message), then the removal."""
-        msg_id = os.path.basename(path)
-        hidden = os.path.join(self.qdir, f".deleting.{msg_id}.{os.getpid()}")
-        self.fs.rename(path, hidden)
+        hidden = self.hide(path)
         self.fs.fsync_dir(os.path.dirname(path))
         self.fs.rmtree(hidden)
+
+    def hide(self, path: str) -> str:
+        """The rename of `remove` (not yet durable: fsync the state directory):
+        the message leaves every state at once; returns the hidden name, a
+        `.deleting.*` directory that `remove_hidden` clears at the next start."""
+        hidden = os.path.join(self.qdir, f"{HIDDEN_PREFIX}{os.path.basename(path)}.{os.getpid()}")
+        self.fs.rename(path, hidden)
+        return hidden
+
+    def remove_hidden(self) -> int:
+        """Remove what a killed deletion left hidden (hide without its rmtree)."""
+        try:
+            names = [n for n in os.listdir(self.qdir) if n.startswith(HIDDEN_PREFIX)]
+        except OSError:
+            return 0
+        for name in names:
+            self.fs.rmtree(os.path.join(self.qdir, name))
+        return len(names)
 
     # ------------------------------------------------------------ attachments (S4.8)
     def attach(self, path: str, pathname: str, name: str | None, local_fs_only: bool) -> str:

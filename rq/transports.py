@@ -41,14 +41,14 @@ def ok_value(reply: Any) -> Any:
     raise Refused(protocol.dumps(reply))
 
 
-BULK_CMD = "create_messages"  # rq.queue.bulk
+BULK_CMD = "create_messages"  # rq.queue.createstream
 
 
 # ================================================================ local: the root's sockets
 
 
 class SocketBulk:
-    """A `create_messages` stream on one queue socket (rq.queue.bulk): `send`
+    """A `create_messages` stream on one queue socket (rq.queue.createstream): `send`
     a batch, `recv` the reply of the oldest batch in flight."""
 
     def __init__(self, path: str) -> None:

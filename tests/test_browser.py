@@ -102,6 +102,20 @@ def test_dashboard_shows_a_new_queue_and_live_counts(site: Site, page: Any) -> N
         "action", re.compile(r"/q/fresh/adminoper$"))
 
 
+def test_dashboard_puts_a_live_added_analytics_queue_among_the_builtins(site: Site,
+                                                                      page: Any) -> None:
+    """S3.8, issue 16 item 8: dashboard.js knew no `analytics`, so a row added live landed
+    among the custom queues; the page now gives it the server's one builtin list."""
+    page.goto(site.url)
+    expect(page.locator("#live")).to_have_class(re.compile(r"\bon\b"))
+    reply = client.call_mgr(str(site.root), "create_queue",
+                            {"name": "analytics", "script": str(site.base / "done.sh"),
+                             "exec_prefix": "", "num_workers": 1})
+    assert reply[0] == "success", reply
+    expect(page.locator('#builtin-queues tr[data-queue="analytics"]')).to_be_visible()
+    expect(page.locator('#custom-queues tr[data-queue="analytics"]')).to_have_count(0)
+
+
 def test_dashboard_screenshot_and_schedule(site: Site, page: Any) -> None:
     assert site.queue("test", "create_message", {"dest": "test", "param1": "shot"})[0] == "ok"
     page.goto(site.url)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rqtest import QueueProc, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 CLEANER = REPO / "rq" / "builtin" / "cleaner.py"
@@ -229,3 +230,30 @@ def test_trim_relayed_under_the_limit_removes_nothing(tmp_path: Path) -> None:
     msgs = [root.message("relay", "relayed", time.time() - k * 60) for k in range(3)]
     assert cleaner.trim_relayed(str(tmp_path / "queue" / "relay" / "relayed"), keep=3) == 0
     assert all(m.exists() for m in msgs)
+
+
+def test_queue_counts_follow_the_cleaner_within_the_refresh(tmp_path: Path) -> None:
+    """S7.3, S12.3, issue 16 item 8: prep messages the cleaner deletes leave the queue's
+    `num_messages` (and so q.json, /metrics, check_rq) at the next re-count from disk, like
+    done ones, instead of staying counted until the queue restarts.  The 60 s period is
+    shortened to 0.5 s through the queue's RQ_COUNT_REFRESH_SECONDS test seam."""
+    now = time.time()
+    root = Root(tmp_path, "test")
+    (tmp_path / "log").mkdir()
+    (tmp_path / "queue" / "test" / "config.json").write_text(json.dumps(
+        {"name": "test", "script": "/bin/true", "exec_prefix": ""}))
+    root.message("test", "prep", now - 3 * DAY)
+    root.message("test", "prep", now - 3 * DAY)
+    root.message("test", "done", now - 3 * DAY)
+    kept = root.message("test", "prep", now - 60)
+    qp = QueueProc(tmp_path, "test", env={"RQ_COUNT_REFRESH_SECONDS": "0.5"})
+    try:
+        assert (qp.counts()["prep"], qp.counts()["done"]) == (3, 1)
+        code, status, _ = run_cleaner(tmp_path, "test")
+        assert (code, status) == (0, "done successfully ran this script\n")
+        wait_for(lambda: (qp.counts()["prep"], qp.counts()["done"]) == (1, 0), 10,
+                 what="the counts to follow the disk")
+        listed = qp.call("messages", {"state": "prep"})
+        assert listed == [{"msg_id": kept.name}]
+    finally:
+        qp.stop()

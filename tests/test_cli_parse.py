@@ -28,7 +28,7 @@ COMMANDS = sorted(["sendmesg", "prepmesg", "single_que", "attachmesg", "commitme
                    "showmesg", "deletemesg", "destroymesg", "runmesg", "queues", "admin",
                    "fsck", "reserve", "report", "renew", "watch", "analytics",
                    "createqueue", "configqueue", "deletequeue", "completion",
-                   "wait"])  # issue 16 item 2
+                   "wait", "requeue", "purge"])  # issue 16 items 2, 6
 USAGE = "Valid commands are:\n" + "".join(f"  {name}\n" for name in COMMANDS)
 MESSAGE_COMMANDS = ["commitmesg", "statusmesg", "state", "statuscountmesg",
                     "attachstatusmesg", "clone", "showmesg", "deletemesg", "destroymesg",

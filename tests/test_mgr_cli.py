@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -243,6 +244,30 @@ def test_run_in_foreground(root: str, args: list[str], sig: int) -> None:
     assert "rq-mgr stopped" in err
     assert not os.path.exists(os.path.join(root, "config", "queuemgr.pid"))
     assert not os.path.exists(os.path.join(root, "config", "queuemgr.sock"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rq.queue") is None, reason="rq.queue not yet")
+def test_run_copies_the_childrens_log_lines_to_stderr(root: str) -> None:
+    """S1.5, issue 16 item 8: `rq-mgr run` shows its children's log lines too (they have a
+    ready pipe under a manager, so they no longer decide stderr logging by its absence)."""
+    make_queue(root, "real")
+    proc = mgr_popen("--root", root, "run")
+    try:
+        wait_for(lambda: proc.poll() is not None or (answers(root) and call_mgr(
+            root, "status")[1]["queues"]["real"]["state"] == "RUNNING"), what="queue RUNNING")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+    logged = read_log(root)
+    for line in ("INFO queue real serving", "INFO queue real stopped"):
+        assert line in logged
+        assert re.search(rf"rq-que real\[\d+\] {line}", err), err
+    assert re.search(r"rq-web\[\d+\] ", err), err
+    assert err.count("\n") == logged.count("\n")  # the file's lines, each once
 
 
 def test_start_with_a_broken_queue_is_still_ready(root: str) -> None:

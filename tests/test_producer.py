@@ -1,7 +1,7 @@
 """Issue 16 item 1: the producer API (rq.producer, `from rq import Client`) against a real
 rq-mgr with real queue processes, over both transports: the root's sockets (S7) and the
 web server rq-mgr starts (S15, under a relative_root), with the same test bodies.  Also the
-queue's bulk create stream (rq.queue.bulk, issue 15 item 3) spoken raw."""
+queue's bulk create stream (rq.queue.createstream, issue 15 item 3) spoken raw."""
 
 from __future__ import annotations
 

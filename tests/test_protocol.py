@@ -435,3 +435,21 @@ def test_describe_exit(code: int, text: str) -> None:
 def test_s7_1_reply_json_is_plain() -> None:
     frame = protocol.encode_reply(["ok", {"n": 1, "t": "\u00e9"}])
     assert json.loads(frame[protocol.HEADER_LEN:]) == ["ok", {"n": 1, "t": "\u00e9"}]
+
+
+# ---------------------------------------------------------------- ages (issue 16: rq purge)
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("0", 0.0), ("90", 90.0), ("90s", 90.0), ("10min", 600.0), ("3 m", 180.0),
+    ("36h", 129600.0), ("7d", 604800.0), ("7 days", 604800.0), ("1 Day", 86400.0),
+    ("1.5w", 907200.0), ("2 weeks", 1209600.0),
+])
+def test_parse_age(text: str, seconds: float) -> None:
+    assert protocol.parse_age(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "d", "-1", "7dd", "7 fortnights", "1e3", "7 d d"])
+def test_parse_age_refuses(text: str) -> None:
+    with pytest.raises(ProtocolError, match=r"^invalid age .* \(a number with s, m, h, d or w"):
+        protocol.parse_age(text)

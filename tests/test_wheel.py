@@ -21,6 +21,7 @@ still be found in the dev venv, so that mistake is not caught here.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -247,3 +248,21 @@ def test_issue16_producer_api_and_cli_from_the_wheel(installed: Install, served:
     waited = installed.run(rq, "--root", str(served.root), "wait", "--msg_id", ids[0],
                            "--msg_id", ids[1], "--timeout", "60")
     assert (waited.returncode, waited.stdout) == (0, "".join(f"{i} done - ok\n" for i in ids))
+def test_bulk_commands_and_the_systemd_unit_from_the_wheel(installed: Install,
+                                                           served: Served) -> None:
+    """Issue 16 items 6 and 7 from a clean wheel install: `rq purge`/`rq requeue` and the
+    `POST /q/NAME/bulk` route answer, and `rq-install --systemd` finds the packaged unit."""
+    rq = installed.script("rq")
+    res = installed.run(rq, "--root", str(served.root), "purge", "--queue", "test",
+                        "--older-than", "0", "--dry-run")
+    assert res.returncode == 0 and re.fullmatch(r"ok \d+ messages? would be purged\n",
+                                                res.stdout), (res.stdout, res.stderr)
+    res = installed.run(rq, "--root", str(served.root), "requeue", "--queue", "test")
+    assert (res.returncode, res.stdout) == (0, "ok 0 messages requeued\n"), res.stderr
+    resp = requests.post(f"{served.url}/q/test/bulk", timeout=30,
+                         data={"action": "requeue", "state": "err"})
+    assert resp.status_code == 200 and "<h1>Requeue 0 messages?</h1>" in resp.text
+    unit = installed.run(installed.script("rq-install"), "--root", str(served.root), "--systemd")
+    assert unit.returncode == 0, unit.stderr
+    assert f"\nExecStart={installed.script('rq-mgr')} --root {served.root} run\n" in unit.stdout
+    assert "\nType=notify\n" in unit.stdout

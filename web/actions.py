@@ -16,13 +16,14 @@ import posixpath
 import tempfile
 from typing import IO, Any
 
-from flask import (Blueprint, Response, flash, g, jsonify, redirect,
+from flask import (Blueprint, Response, flash, g, jsonify, redirect, render_template,
                    render_template_string, request)
 from markupsafe import Markup
 from werkzeug.datastructures import FileStorage
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from rq import protocol
+from rq.errors import ProtocolError
 
 from .errors import RQHTTPError, fail
 from .forms import nested
@@ -48,6 +49,9 @@ MESSAGE_ACTIONS = {
     "destroy": ("destroy_message", "Message destroyed successfully", "destroy got", True),
     "commit": ("commit_message", "Message committed successfully", "Commit got", False),
 }
+BULK_ACTIONS = {"requeue": ("requeue_messages", "Requeue", "Requeued"),
+                "purge": ("purge_messages", "Purge", "Purged")}
+BULK_TIMEOUT = 3600.0  # a purge of a large hashdir takes a while (rq.queue.bulkmove)
 CREATED_PAGE = """{% extends "layout.html" %}
 {% block title %}New message{% endblock %}
 {% block body %}
@@ -149,6 +153,54 @@ def manager_action(name: str, cmd: str, verb: str, done: str) -> Any:
         fail(500, f"Couldn't {verb} queue. {protocol.dumps(reply)}.")
     flash(f"Successfully {done} queue {name}")
     return redirect(back_or(page_url("q", name)), 303)
+
+
+# ---------------------------------------------------------------- bulk (issue 16 item 6)
+
+
+@bp.post("/q/<name>/bulk")
+def bulk(name: str) -> Any:
+    """Requeue or purge many messages: first a page that counts what would be moved
+    (a dry run) and asks to confirm, then the move and a flash with the count.
+    `x_format=json` gets the queue's reply at once (`dry_run=1` to only count)."""
+    require_queue(name)
+    action = request.values.get("action", "")
+    if action not in BULK_ACTIONS:
+        fail(400, "Invalid bulk action")
+    cmd, title, done = BULK_ACTIONS[action]
+    arg = bulk_arg(action)
+    dry = request.values.get("confirm") != "yes" if not wants_reply() \
+        else request.values.get("dry_run") in ("1", "true", "yes")
+    reply = ask_queue(name, cmd, {**arg, "dry_run": True} if dry else arg, timeout=BULK_TIMEOUT)
+    if wants_reply():
+        return jsonify(reply)
+    if not is_ok(reply):
+        fail(500, f"Couldn't {action} messages. {protocol.dumps(reply)}.")
+    if dry:
+        return render_template("bulk_confirm.html", name=name, title=title, count=reply[1],
+                               arg=arg, fields=[(k, v) for k, v in request.form.items(multi=True)
+                                                if k != "confirm"])
+    flash(f"{done} {reply[1]} message{'' if reply[1] == 1 else 's'}")
+    return redirect(page_url("q", name), 303)
+
+
+def bulk_arg(action: str) -> dict[str, Any]:
+    """The queue command's argument from the form: `state` (purge: repeatable, default
+    done, err and relayed), `older_than` (purge: an age such as 7d), `query[FIELD]` and
+    `exact` (a search as GET /search)."""
+    values = request.values
+    query = {k: v for k, v in nested(values, "query").items() if isinstance(v, str) and v}
+    arg: dict[str, Any] = {"query": query,
+                           "exact": values.get("exact") not in (None, "", "false", "0")}
+    if action == "requeue":
+        arg["state"] = values.get("state") or "err"
+        return arg
+    arg["states"] = [s for s in values.getlist("state") if s] or ["done", "err", "relayed"]
+    try:
+        arg["older_than"] = protocol.parse_age(values.get("older_than", ""))
+    except ProtocolError:
+        fail(400, "Invalid older_than")
+    return arg
 
 
 # ---------------------------------------------------------------- messages (queue commands)

@@ -16,6 +16,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from rq import protocol
+from rq.message import matches_query
 from rq.config import load_queue_config
 from rq.errors import ConfigError, ConnectError
 
@@ -42,17 +43,6 @@ def limit_arg(default: int) -> int:
     if len(value) > 10 or int(value) > MAX_LIMIT:
         fail(400, "Invalid limit")
     return int(value)
-
-
-def matches(msg: dict[str, Any], query: dict[str, str], exact: bool) -> bool:
-    for field, wanted in query.items():
-        if field not in msg:
-            return False
-        value = msg[field]
-        text = value if isinstance(value, str) else protocol.dumps(value)
-        if (text != wanted) if exact else (wanted not in text):
-            return False
-    return True
 
 
 # ---------------------------------------------------------------- routes 6-8
@@ -85,7 +75,7 @@ def search() -> Response:
     store = backend().store(name)
     candidates = (read_message(store, msg_id, state)
                   for state in ORDER for msg_id in ids_in(name, store, state))
-    found = (m for m in candidates if m is not None and matches(m, query, exact))
+    found = (m for m in candidates if m is not None and matches_query(m, query, exact))
     return jsonify(list(itertools.islice(found, limit_arg(1000))))
 
 

@@ -240,7 +240,7 @@ def dashboard() -> str:
     return render_template(
         "dashboard.html", mgr=mgr, version_ok=mgr["version"] == __version__,
         custom=[q for q in entries if q["name"] not in BUILTIN],
-        builtin=[q for q in entries if q["name"] in BUILTIN],
+        builtin=[q for q in entries if q["name"] in BUILTIN], builtin_names=BUILTIN,
         timers=queues.timer_list(), allow_new_queue=main_config().allow_new_queue)
 
 

@@ -50,6 +50,7 @@ COMMAND_MODULES = {
     **dict.fromkeys(("reserve", "report", "renew", "watch"), "pull"),
     **dict.fromkeys(("createqueue", "configqueue", "deletequeue"), "queueadmin"),
     "wait": "produce",
+    **dict.fromkeys(("requeue", "purge"), "bulk"),
     "completion": "completion",
 }
 
@@ -220,10 +221,11 @@ def check_queue(root: str, name: str) -> None:
         raise CliError(f"queue not found: {name}")
 
 
-def call_queue(inv: Invocation, name: str, cmd: str, arg: Any = None) -> Any:
+def call_queue(inv: Invocation, name: str, cmd: str, arg: Any = None,
+               timeout: float | None = 60.0) -> Any:
     check_queue(inv.root, name)
     try:
-        return client.call_queue(inv.root, name, cmd, arg)
+        return client.call_queue(inv.root, name, cmd, arg, timeout=timeout)
     except ConnectError:
         raise CliError(f"cannot connect to queue {name} (is rq-mgr running?)") from None
 

@@ -49,6 +49,11 @@ CONFIG = {
     "topic": ("a pull queue's topic (default its name)", "--topic video.encode"),
     "lease_timeout": ("seconds a pull lease lasts, 1..86400", "--lease_timeout 300"),
 }
+BULK_SEARCH = {  # rq requeue / rq purge (issue 16 item 6, docs/guide/bulk.md)
+    "search": ("only messages whose FIELD contains VALUE, as GET /search", "--search param1=a.mov"),
+    "exact": ("with --search: the field must equal VALUE", "--exact"),
+    "dry-run": ("only count them", "--dry-run"),
+}
 
 # name -> (one-line description, {flag: (description, example)}, example command line)
 COMMANDS: dict[str, tuple[str, Mapping[str, tuple[str, str]], str]] = {
@@ -149,6 +154,18 @@ COMMANDS: dict[str, tuple[str, Mapping[str, tuple[str, str]], str]] = {
         "url": ("ask this RQ web server instead of the local root",
                 "--url http://rq.example.com:3333/")},
         f"rq wait --msg_id {FULL_ID} --timeout 600"),
+    "requeue": ("put every err (or done, relayed) message back in que, or those found", {
+        "queue": ("the queue's name", "--queue video"),
+        "state": ("err (default), done or relayed", "--state err"),
+        **BULK_SEARCH},
+        "rq requeue --queue video --search status=timeout"),
+    "purge": ("delete every done, err and relayed message older than an age", {
+        "queue": ("the queue's name", "--queue video"),
+        "state": ("which of done, err, relayed, comma-separated (default all three)",
+                  "--state done,relayed"),
+        "older-than": ("the age of the message's id: 90, 36h, 7d, 2 weeks", "--older-than 7d"),
+        **BULK_SEARCH},
+        "rq purge --queue video --older-than 7d"),
     "completion": ("print the bash completion script (see rq completion --help)", {
         "queues": ("print the root's queue names instead (used by the script)", "--queues")},
         "rq completion bash > ~/.local/share/bash-completion/completions/rq"),

@@ -10,7 +10,7 @@ relayed, 1 when one ended in err (or is gone), 2 on timeout (as `tsp -w`).
 `rq sendmesg --dest Q --stdin` reads one message per line: a JSON object of
 message fields (S4.4; the other flags are its defaults), or a plain line taken
 as `param1`; blank lines are skipped.  Lines are sent in batches on one stream
-(rq.queue.bulk), a batch going out when BATCH lines are read or no more input
+(rq.queue.createstream), a batch going out when BATCH lines are read or no more input
 is waiting; one full id is printed per line, in input order, as its batch is
 answered.  The first refused line stops it: `rq: line N: <reason>`, exit 1;
 the lines before it are queued and printed, none after it is.

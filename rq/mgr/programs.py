@@ -31,16 +31,20 @@ STATUS_SERVICES = ("web", "scandir", "timers")  # keys of the S7.2 status reply
 ArgvBuilder = Callable[[str, str], list[str]]
 
 
-def default_argv(root: str, kind: str, name: str) -> list[str]:
+def default_argv(root: str, kind: str, name: str, *, log_stderr: bool = False) -> list[str]:
     """The command line of a supervised daemon (proc.spawn_daemon appends
-    `--lifeline-fd F --ready-fd F`)."""
+    `--lifeline-fd F --ready-fd F`).  `log_stderr` (`rq-mgr run`, S1.5): the child
+    copies its log to the stderr it inherits from the manager, as the manager does;
+    rq.daemon cannot tell by itself, since a child of the manager always has a ready pipe."""
     argv = [*proc.python_argv(DAEMON_MODULES[kind]), "--root", root]
-    return [*argv, "--name", name] if kind == "queue" else argv
+    argv += ["--name", name] if kind == "queue" else []
+    return [*argv, "--log-stderr"] if log_stderr else argv
 
 
 def child_env(base: Mapping[str, str], config: MainConfig) -> dict[str, str]:
-    """S6.2: the manager's environment plus RQ_ENV, RQ_ROOT and TMPDIR."""
+    """S6.2: the manager's environment plus RQ_ENV, RQ_ROOT and TMPDIR, less NOTIFY_SOCKET."""
     env = dict(base)
+    env.pop("NOTIFY_SOCKET", None)  # systemd's readiness socket is the manager's alone
     env["RQ_ENV"] = config.env
     env["RQ_ROOT"] = config.root
     if config.tmpdir:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping
 
 from rq import fsops
 from rq.client import queue_socket_problem
@@ -35,10 +36,22 @@ def serve(ctx: Context) -> int:
     try:
         q = QueueProcess(ctx.config, cfg, fsops.from_environment(ctx.env),
                          lifeline_fd=ctx.lifeline_fd, ready_fd=ctx.ready.fd)
+        refresh = count_refresh_seconds(ctx.env)
+        if refresh is not None:
+            q.state.set_count_refresh(refresh)
         return q.run()
     except RQError as exc:
         log.error("%s", exc)
         return 1
+
+
+def count_refresh_seconds(env: Mapping[str, str]) -> float | None:
+    """Test seam: RQ_COUNT_REFRESH_SECONDS shortens the 60 s re-count from disk (S7.3)."""
+    try:
+        value = float(env.get("RQ_COUNT_REFRESH_SECONDS", ""))
+    except ValueError:
+        return None
+    return value if 0 < value <= 60 else None
 
 
 SPEC = DaemonSpec(prog="rq.queue", logger="rq.queue", role="rq-que {name}",

@@ -21,7 +21,8 @@ from typing import Any
 from rq import message, protocol
 from rq.message import truthy
 from rq.errors import Fail
-from rq.queue import bulk
+from rq.queue import createstream
+from rq.queue.bulkmove import Bulk, stored_count
 from rq.queue.enqueue import Enqueue
 from rq.queue.leases import Leases, lease_length
 from rq.queue.state import QueueState
@@ -46,12 +47,13 @@ class Commands:
         self.leases = leases
         self.request_stop = request_stop    # `shutdown`: the loop begins a graceful stop
         self.single_lock = threading.Lock()  # S5.6: one single_que at a time
+        self.bulk = Bulk(state)               # requeue_messages, purge_messages (issue 16)
         self.table: dict[str, Callable[[Any], Any]] = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("cmd_")}
 
     def handle(self, cmd: str, arg: str | None, conn: socket.socket) -> Any:
-        if cmd == bulk.CMD:  # the connection stays open for more frames (rq.queue.bulk)
-            return bulk.serve_stream(conn, arg, self.create_many)
+        if cmd == createstream.CMD:  # the connection stays open (rq.queue.createstream)
+            return createstream.serve_stream(conn, arg, self.create_many)
         fn = self.table.get(cmd)
         if fn is None:
             return ["ERROR"]
@@ -176,10 +178,10 @@ class Commands:
         return out
 
     def create_many(self, arg: str | None) -> Any:
-        """One `create_messages` frame (rq.queue.bulk, issue 15 item 3): the
+        """One `create_messages` frame (rq.queue.createstream, issue 15 item 3): the
         messages before the first refused one are created, in order, sharing
         their commits; `["ok", ids]` or `["fail", reason, ids created before it]`."""
-        data = self.request_data(bulk.CMD, arg)
+        data = self.request_data(createstream.CMD, arg)
         if not isinstance(data, list):
             raise Fail("create_messages needs a JSON array of messages")
         now, todo, refusal = time.time(), [], None
@@ -292,7 +294,7 @@ class Commands:
             state, path = self.find(msg_id)
             if state == "run":
                 return ["fail", "cannot delete message in run state"]
-            text, count = q.store.read_status_text(path), _stored_count(q.store, path)
+            text, count = q.store.read_status_text(path), stored_count(q.store, path)
             try:
                 q.store.remove(path)
             except FileNotFoundError:
@@ -314,6 +316,12 @@ class Commands:
                 q.index.counts[state] = max(0, q.index.counts[state] - 1)
             q.events.log(msg_id, state, "deleted", status=text, count=count)
         return ["ok", "msg deleted"]
+
+    def cmd_requeue_messages(self, data: Any) -> Any:
+        return self.bulk.requeue(data)
+
+    def cmd_purge_messages(self, data: Any) -> Any:
+        return self.bulk.purge(data)
 
     def cmd_destroy_message(self, data: Any) -> Any:
         msg_id = self.msg_id(data)
@@ -441,15 +449,6 @@ class Commands:
         if found is None:
             raise Fail("msg not found")
         return found
-
-
-def _stored_count(store: Any, path: str) -> int | None:
-    """The message's `count` for its deletion event (S13.3), None if unreadable."""
-    try:
-        count = store.read_msg(path).get("count")
-    except (OSError, ValueError):
-        return None
-    return count if isinstance(count, int) else None
 
 
 def _take(iterator: Any, limit: int) -> list[str]:

@@ -9,7 +9,7 @@ run/ before its reply), `create` for callers that may hold the queue lock
 (cron, clone), and `submit` / `submit_many` for socket requests: when no other
 create is being committed the caller commits at once, itself (one client pays
 no hand-off); otherwise it waits, and the next caller to lead takes every
-create waiting by then as one batch.  A bulk frame (rq.queue.bulk) is one
+create waiting by then as one batch.  A bulk frame (rq.queue.createstream) is one
 `create_batch(bulk=True)`: ids taken in input order, then allocated on threads
 whose msg fsyncs overlap.
 
@@ -112,7 +112,7 @@ class Enqueue:
         """create() for several messages at once, sharing one commit
         (commit_batch); per message its id and None, or "" and its Fail.  A
         message that fails after its allocation is removed from prep.  With
-        `bulk` (rq.queue.bulk: no attachments to link), BULK_THREADS threads
+        `bulk` (rq.queue.createstream: no attachments to link), BULK_THREADS threads
         allocate, each message under an id taken beforehand in input order (so
         the que order, S5.1, is the input's), their msg fsyncs overlapping: the
         block layer merges the cache flushes of concurrent fsyncs."""

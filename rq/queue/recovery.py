@@ -44,6 +44,11 @@ def recover(state: QueueState, leases: Leases) -> None:
             state.index.add_que(msg_id, fields["due"], fields)
         except (TypeError, ValueError, OverflowError):
             log.warning("skipping message que/%s: unusable due %r", msg_id, fields["due"])
+    try:  # a deletion killed between its rename and its rmtree (rq.queue.bulkmove)
+        if store.remove_hidden():
+            log.info("removed the leftovers of an interrupted deletion")
+    except OSError as exc:
+        log.warning("cannot remove the leftovers of an interrupted deletion: %s", exc)
     state.index.prep = set(store.list_flat("prep"))
     state.index.counts = state.count_finished()
 

@@ -61,6 +61,7 @@ class QueueState:
         self.retry_soon = False                 # a start failed on IO: pass again soon
         self.stopping = False
         self.started_mono = time.monotonic()
+        self.count_refresh = COUNT_REFRESH
         self.next_count_refresh = time.monotonic() + COUNT_REFRESH
         self.base_env = J.base_env(main)
 
@@ -360,16 +361,28 @@ class QueueState:
                 "relayed": self.store.count_hashed("relayed"),
                 "err": len(self.store.list_flat("err"))}
 
+    def set_count_refresh(self, seconds: float) -> None:
+        """How often refresh_counts runs (test seam RQ_COUNT_REFRESH_SECONDS, read in main)."""
+        self.count_refresh = seconds
+        self.next_count_refresh = time.monotonic() + seconds
+
     def refresh_counts(self) -> None:
-        """Re-count finished states from disk in the background (S7.3: within 60 s)."""
-        self.next_count_refresh = time.monotonic() + COUNT_REFRESH
+        """Re-count finished states and re-list prep/ from disk in the background
+        (S7.3: within 60 s), so messages the cleaner (S12.3: prep included, issue
+        16) or an operator removed stop being counted."""
+        self.next_count_refresh = time.monotonic() + self.count_refresh
 
         with self.lock:
             before = dict(self.index.counts)
+            prep_before = set(self.index.prep)
 
         def work() -> None:
             counts = self.count_finished()
+            prep_on_disk = set(self.store.list_flat("prep"))
             with self.lock:
+                # Only ids indexed before the listing can be judged by it: one
+                # missing from it was removed outside (a commit discards its own).
+                self.index.prep -= prep_before - prep_on_disk
                 # Completions and deletions while the disk was being counted are
                 # kept: apply the in-memory change since `before` to the count.
                 now = self.index.counts

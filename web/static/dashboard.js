@@ -9,7 +9,9 @@
 
   const RQ = window.RQ;
   const body = document.body;
-  const BUILTIN = ["cleaner", "relay", "rq_router", "webhook"];  // S3.8
+  // S3.8: the builtin names come from the server (web/backend.py BUILTIN, the one
+  // copy), so a live-added `analytics` row lands among the builtin queues (issue 16).
+  const BUILTIN = (document.getElementById("builtin-queues").dataset.names || "").split(" ");
   const STATES = ["prep", "que", "run", "err", "done", "relayed"];
   const template = document.getElementById("queue-row-template");
   const rows = new Map();
