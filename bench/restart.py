@@ -10,8 +10,11 @@ it.  Medians of --runs restarts over the same directory (its files are in the
 page cache after the first write: a warm-cache figure).  An empty queue's
 start is timed too, as the floor (interpreter start and imports).
 
-Targets (issue d): serving again <= 3 s, RSS <= 150 MB.
+Targets (issue d): serving again <= 3 s, RSS <= 150 MB; and issue 15: with
+--n 1000000, serving again <= 10 s, RSS <= 300 MB (writing and removing a
+million message directories takes several minutes each; only restarts are timed).
 Usage:  .venv/bin/python bench/restart.py [--n 100000] [--runs 3]
+        .venv/bin/python bench/restart.py --n 1000000 --runs 1
 """
 
 from __future__ import annotations
@@ -31,6 +34,13 @@ from common import (QUEUE, BenchError, QueueProc, add_common_args, bench_queue, 
 
 TARGET_SECONDS = 3.0
 TARGET_MB = 150.0
+BIG = 1_000_000                      # issue 15: a million queued messages
+BIG_SECONDS, BIG_MB = 10.0, 300.0
+
+
+def targets(n: int) -> tuple[float, float]:
+    """(serving seconds, RSS MB) targets for n queued messages."""
+    return (BIG_SECONDS, BIG_MB) if n >= BIG else (TARGET_SECONDS, TARGET_MB)
 BASE_URL = "http://127.0.0.1:3333/"  # make_root's host and port, ROOT "/"
 
 
@@ -101,17 +111,18 @@ def main() -> int:
     ping = median([r[0] for r in runs])
     ready = median([r[1] for r in runs])
     rss = median([r[2] for r in runs])
+    target_s, target_mb = targets(args.n)
     print()
     print(f"empty queue:  ping after {median([r[0] for r in empty_runs]):.2f} s, "
           f"RSS {median([r[2] for r in empty_runs]):.0f} MB  (interpreter + imports floor)")
     print(f"{args.n} queued:")
     ping_runs = fmt_runs([r[0] for r in runs], '{:.2f}')
     print(f"  ping answered after        {ping:6.2f} s   runs {ping_runs}")
-    print(f"  serving again (que == N)   {ready:6.2f} s   (target <= {TARGET_SECONDS:.0f} s: "
-          f"{'ok' if ready <= TARGET_SECONDS else 'MISSED'})   "
+    print(f"  serving again (que == N)   {ready:6.2f} s   (target <= {target_s:.0f} s: "
+          f"{'ok' if ready <= target_s else 'MISSED'})   "
           f"runs {fmt_runs([r[1] for r in runs], '{:.2f}')}")
-    print(f"  RSS then                   {rss:6.0f} MB  (target <= {TARGET_MB:.0f} MB: "
-          f"{'ok' if rss <= TARGET_MB else 'MISSED'})   runs {fmt_runs([r[2] for r in runs])}")
+    print(f"  RSS then                   {rss:6.0f} MB  (target <= {target_mb:.0f} MB: "
+          f"{'ok' if rss <= target_mb else 'MISSED'})   runs {fmt_runs([r[2] for r in runs])}")
     return 0
 
 

@@ -21,12 +21,12 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from typing import Any
 
 from rq import message, protocol, spares
 from rq.errors import Fail
-from rq.fsops import FsOps, is_regular, md5_file, unlink_quiet
+from rq.fsops import FsOps, is_regular, md5_file, read_small, unlink_quiet
 
 STATES = ("prep", "que", "run", "done", "relayed", "err")
 HASHED = ("done", "relayed")
@@ -48,6 +48,7 @@ class Store:
         self.fs = fs or FsOps()
         self._counter = itertools.count(random.randrange(1_000_000, 9_000_000))
         self._id_lock = threading.Lock()
+        self._started = time.time() + 0.001  # ids up to this ms may be an earlier process's
         self.spares: spares.Spares | None = None  # set by the owning queue process
 
     # ------------------------------------------------------------ paths
@@ -77,8 +78,7 @@ class Store:
     # ------------------------------------------------------------ reading
     @staticmethod
     def read_msg(path: str) -> dict[str, Any]:
-        with open(os.path.join(path, "msg"), "rb") as fh:
-            data = json.loads(fh.read())
+        data = json.loads(read_small(os.path.join(path, "msg")))
         if not isinstance(data, dict):
             raise ValueError("msg is not a JSON object")
         return data
@@ -86,8 +86,7 @@ class Store:
     @staticmethod
     def read_status_text(path: str) -> str | None:
         try:
-            with open(os.path.join(path, "status"), "rb") as fh:
-                data = json.loads(fh.read())
+            data = json.loads(read_small(os.path.join(path, "status")))
         except (OSError, ValueError):
             return None
         text = data.get("job_status") if isinstance(data, dict) else None
@@ -193,7 +192,12 @@ class Store:
         while len(out) < n:
             with self._id_lock:
                 msg_id = new_msg_id(now, next(self._counter))
-            if not any(os.path.lexists(self.msg_path(s, msg_id)) for s in STATES[1:]):
+            # An id of this process is unique by its counter; one of an earlier
+            # process (flock: they never overlap) is older than this process's
+            # start.  Only an id not later than that start is looked for in every
+            # state (a clock set back); the no-clobber renames guard the rest.
+            if now > self._started or not any(os.path.lexists(self.msg_path(s, msg_id))
+                                              for s in STATES[1:]):
                 out.append(msg_id)
         return out
 
@@ -232,20 +236,23 @@ class Store:
         coalesced dup and its parent rewrite their msg)."""
         self.write_file(os.path.join(path, "msg"), msg_bytes(fields), sync=sync, sync_data=True)
 
-    def write_status(self, path: str, text: str, *, sync: bool = False) -> None:
+    def write_status(self, path: str, text: str, *, sync: bool = False,
+                     fresh: bool = False) -> None:
         self.write_file(os.path.join(path, "status"),
-                        protocol.dumps({"job_status": text}).encode(), sync=sync)
+                        protocol.dumps({"job_status": text}).encode(), sync=sync, fresh=fresh)
 
     def write_file(self, path: str, data: bytes, *, sync: bool = False,
-                   sync_data: bool = False) -> None:
+                   sync_data: bool = False, fresh: bool = False) -> None:
         """fs.write_file_atomic through a spare temp file (rq.spares) when one
         is ready, else through a temp file beside `path` (also when the spare
-        fails: rewriting the same content is harmless)."""
+        fails: rewriting the same content is harmless).  `fresh`: the caller
+        knows `path` does not exist, so no exchange is tried (it would fail;
+        a file there after all is replaced, and its inode freed)."""
         tmp = self.spares.take("file") if self.spares is not None else None
         if tmp is not None:
             try:
                 if self.fs.write_file_atomic(path, data, sync=sync, sync_data=sync_data,
-                                             tmp=tmp, keep_old=True):
+                                             tmp=tmp, keep_old=not fresh):
                     self.discard_file(tmp)  # the replaced file, now at tmp
                 return
             except OSError:
@@ -270,14 +277,24 @@ class Store:
             self.sync_dirs(dirs)
         return new
 
-    def move_unsynced(self, msg_id: str, src: str, dst: str) -> tuple[str, list[str]]:
+    def move_unsynced(self, msg_id: str, src: str, dst: str,
+                      made: Container[str] = ()) -> tuple[str, list[str]]:
         """The rename of `move`; returns (new path, directories to fsync to
         make it durable), so a caller can retry the fsyncs alone after an IO
-        error without renaming twice."""
+        error without renaming twice.  A hashdir bucket in `made` (made ahead,
+        durable) is not looked for first; should it be gone (the cleaner), it
+        is made again when the rename says so."""
         new = self.msg_path(dst, msg_id)
         parent = os.path.dirname(new)
-        changed = self.fs.makedirs(parent) if dst in HASHED else []
-        self.fs.rename_noreplace(self.msg_path(src, msg_id), new)
+        known = dst in HASHED and parent in made
+        changed = self.fs.makedirs(parent) if dst in HASHED and not known else []
+        try:
+            self.fs.rename_noreplace(self.msg_path(src, msg_id), new)
+        except FileNotFoundError:
+            if not known:
+                raise
+            changed = self.fs.makedirs(parent)
+            self.fs.rename_noreplace(self.msg_path(src, msg_id), new)
         return new, [*changed, parent]
 
     def sync_dirs(self, dirs: list[str]) -> None:

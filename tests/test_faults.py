@@ -10,12 +10,16 @@ retry succeeds, and `rq fsck` finds the store consistent (crash test (3)).
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from rq.fsck import check_root
-from rqtest import QueueProc, learn_ops, make_queue, wait_for, write_script
+from rqtest import (QueueProc, learn_ops, make_queue, make_root, read_events, wait_for,
+                    write_script)
 
 ERRNOS = ("EIO", "ENOSPC")
 # Operations whose failure must turn the reply into "fail".  A failed event-log
@@ -149,3 +153,81 @@ def learn_create_prefix(root: Path) -> int:
     (root / "config" / "p.pause").touch()
     return len(learn_ops(root, "p", lambda q: q.call("create_message", {"dest": "p"})))
 
+
+
+
+# ======================================================= group commit of completions (issue 15)
+GATED = '#!/bin/sh\nwhile [ ! -e "$RQ_PARAM1" ]; do sleep 0.01; done\necho "done ok" >&3\n'
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _end_together(root: Path, fault: str = "") -> tuple[QueueProc, list[str], int]:
+    """A 2-worker queue recording its file operations, whose two running jobs
+    exit while the queue process is stopped (SIGSTOP), so that one pass reaps
+    both.  Returns the queue (running again), the two full ids and how many
+    operations were recorded before it went on."""
+    make_queue(root, "g", write_script(root / "gated.sh", GATED), num_workers=2)
+    gate, record = root / "gate", root / "ops-g.txt"
+    q = QueueProc(root, "g", env={"RQ_FS_FAULTS": f"{fault}record={record}"})
+    # no done/ bucket made ahead for a new minute while the operations are counted
+    wait_for(lambda: time.time() % 60 < 45, 20, what="a minute with 15 s left")
+    fulls = [q.call("create_message", {"dest": "g", "param1": str(gate)})[1] for _ in range(2)]
+    pid_files = [root / "queue" / "g" / "run" / short(f) / "pid" for f in fulls]
+    wait_for(lambda: all(p.exists() for p in pid_files), 10, what="both jobs spawned")
+    pids = [int(p.read_text()) for p in pid_files]
+    os.kill(q.popen.pid, signal.SIGSTOP)
+    try:
+        gate.touch()
+        wait_for(lambda: all(_zombie(p) for p in pids), 10, what="both jobs to exit")
+        before = len(record.read_text().splitlines())
+    finally:
+        os.kill(q.popen.pid, signal.SIGCONT)
+    return q, fulls, before
+
+
+def _ops(root: Path) -> list[str]:
+    return [line.split()[0] for line in (root / "ops-g.txt").read_text().splitlines()]
+
+
+def _done_events(root: Path) -> list[str]:
+    return sorted(e["msg_id"] for e in read_events(root, "g") if e["to"] == "done")
+
+
+def test_jobs_ending_together_share_one_fsync_of_their_bucket(root: Path) -> None:
+    """Issue 15, group commit of completions: two jobs reaped in one pass are
+    made durable in done/ by one fsync of their bucket (before: one each)."""
+    q, fulls, before = _end_together(root)
+    try:
+        wait_for(lambda: q.counts()["done"] == 2, 10, what="both done")
+    finally:
+        q.stop()
+    after = _ops(root)[before:]
+    assert after.count("fsync") == 1, after
+    assert after.index("fsync") > after.index("rename")  # the moves first, then their fsync
+    assert _done_events(root) == sorted(short(f) for f in fulls)
+
+
+def test_a_failed_shared_fsync_retries_every_job_of_it(root: Path, tmp_path: Path) -> None:
+    """Issue 15: the fsync two jobs' moves share fails (EIO): neither is
+    counted done or logged before a retry makes it durable; both end done once."""
+    learn = make_root(tmp_path / "learn")
+    q, _, before = _end_together(learn)
+    try:
+        wait_for(lambda: q.counts()["done"] == 2, 10, what="both done")
+    finally:
+        q.stop()
+    shared = _ops(learn)[:before].count("fsync") + 1   # the nth fsync of the process
+    q, fulls, _ = _end_together(root, fault=f"fsync:{shared}:EIO,")
+    try:
+        wait_for(lambda: q.counts()["done"] == 2, 20, what="both done after the retry")
+        assert q.counts()["run"] == 0
+    finally:
+        q.stop()
+    assert _done_events(root) == sorted(short(f) for f in fulls)

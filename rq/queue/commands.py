@@ -292,7 +292,7 @@ class Commands:
         q = self.state
         with q.lock:
             state, path = self.find(msg_id)
-            if state == "run":
+            if state == "run" or msg_id in q.ending:  # ending: moved, not yet fsynced
                 return ["fail", "cannot delete message in run state"]
             text, count = q.store.read_status_text(path), stored_count(q.store, path)
             try:

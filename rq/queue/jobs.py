@@ -45,6 +45,7 @@ class Job:
     exit_wall: float = 0.0
     dups: list[str] = field(default_factory=list)
     real: str = ""                  # the script's real path, resolved at start
+    argv: list[str] = field(default_factory=list)  # its command line (S6.1.3), idem
     kill_pending: bool = False      # destroy arrived before the spawn
     outcome: Outcome | None = None            # decided at exit (kept for retries)
     sync_dirs: list[str] | None = None        # set once the final rename is done
@@ -73,6 +74,60 @@ def check_script(root: str, script: str | None, exec_prefix: str) -> tuple[str, 
     if not exec_prefix.strip() and not os.access(real, os.X_OK):
         return real, f"script not executable: {real}"
     return real, None
+
+
+def _file_key(path: str) -> tuple[int, ...] | None:
+    """What identifies the file `path` names and its permissions (stat and lstat)."""
+    try:
+        st, lst = os.stat(path), os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns,
+            st.st_ctime_ns, lst.st_ino, lst.st_ctime_ns)
+
+
+class ScriptCheck:
+    """check_script and job_command of a queue's script, done again only when
+    the script's file (or its #! interpreter's) changed: same inode, mode,
+    owner, mtime and ctime, for the path and for the link it may be (issue 15:
+    realpath, the checks and reading the #! line were ~20 system calls per
+    job; the revalidation is 2-4).  A script that fails a check is never
+    remembered, so an error is looked at afresh at every start (S6.1.1)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._result: tuple[str, list[str]] = ("", [])
+        self._interp = ""
+
+    def check(self, root: str, script: str | None,
+              exec_prefix: str) -> tuple[str, str | None, list[str]]:
+        """(real path, error reason or None, job argv) for the configured script."""
+        path = (script if os.path.isabs(script) else os.path.join(root, script)) if script else ""
+        key = (path, exec_prefix, _file_key(path) if path else None,
+               _file_key(self._interp) if self._interp else None)
+        if key == self._key:
+            return self._result[0], None, self._result[1]
+        self._key = None
+        real, reason = check_script(root, script, exec_prefix)
+        if reason:
+            return real, reason, []
+        argv = job_command(exec_prefix, real)
+        self._interp = interpreter_path(real) if not exec_prefix.strip() else ""
+        self._key = (path, exec_prefix, _file_key(path),
+                     _file_key(self._interp) if self._interp else None)
+        self._result = (real, argv)
+        return real, None, argv
+
+
+def interpreter_path(real: str) -> str:
+    """The #! interpreter of the script `real` ("" when none)."""
+    try:
+        with open(real, "rb") as fh:
+            head = fh.read(256)
+    except OSError:
+        return ""
+    words = head[2:].split(b"\n", 1)[0].split() if head.startswith(b"#!") else []
+    return os.fsdecode(words[0]) if words else ""
 
 
 def job_command(exec_prefix: str, real: str) -> list[str]:
@@ -201,7 +256,7 @@ def spawn(job: Job, base: dict[str, str], main: MainConfig, cfg: QueueConfig) ->
     up_w, up_r, down_w, down_r = proc.job_pipes()
     try:
         job.pid, started = proc.spawn_job(
-            job_command(cfg.exec_prefix, job.real), cwd=job_dir, env=env,
+            job.argv or job_command(cfg.exec_prefix, job.real), cwd=job_dir, env=env,
             stdio_log=os.path.join(job_dir, "stdio.log"), header=header_text(job.real),
             write_fd=up_w, read_fd=down_r)
     except BaseException:

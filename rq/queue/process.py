@@ -102,6 +102,7 @@ class QueueProcess:
         self.server.start()
         if self.lifeline_fd is not None:
             self.loop.add_reader(self.lifeline_fd, self.on_lifeline)
+        self.state.loop_thread = threading.get_ident()
         self.signal_ready("ready")
         log.info("queue %s serving (%d queued)", self.name, len(self.state.index.que))
         while not (self.state.stopping and not self.state.jobs and not self.state.unfinished
@@ -125,10 +126,18 @@ class QueueProcess:
         self.spawn_pending()
         with self.state.lock:
             self.state.prepare_buckets(time.time(), time.monotonic())
-            self.reap()
+            ended = self.reap()
             self.check_deadlines(time.monotonic())
             self.cron.run_pass(time.time() if now is None else now)  # S9.3, any mode
             self.state.schedule(now)
+        if ended:  # the jobs started in their slots run while the moves are fsynced
+            started: list[J.Job] = []
+            self.spawn_pending(started)
+            error = self.sync_ended(ended)  # outside the lock, as a create's fsync of que/
+            with self.state.lock:
+                self.publish_ended(ended, error)
+                for job in started:  # the log never shows more than num_workers running
+                    self.log_start(job)
         if time.monotonic() >= self.state.next_count_refresh:
             self.state.refresh_counts()
 
@@ -222,12 +231,13 @@ class QueueProcess:
             self.state.cfg = cfg  # a SCRIPTERROR stays until the next pass finds the script usable
         log.info("config reloaded")
 
-    def spawn_pending(self) -> None:
+    def spawn_pending(self, started: list[J.Job] | None = None) -> None:
         """Spawn the jobs that start_job moved into run/ (S6.1 steps 3-5).  The
         loop does it, so a request's reply (which S5.1 sends once the message
         is in run/) never waits for a fork and exec; and it does it outside
         self.state.lock, so the requests in flight do not wait for them either (a
-        destroy meanwhile finds no pid yet and sets kill_pending: terminate)."""
+        destroy meanwhile finds no pid yet and sets kill_pending: terminate).
+        With `started`, their que → run events are the caller's to log."""
         with self.state.lock:
             pending, self.state.to_spawn = self.state.to_spawn, []
         for job in pending:
@@ -253,10 +263,16 @@ class QueueProcess:
             with self.state.lock:
                 self.by_pid[job.pid] = job
                 self.pipes.open(job)
-                self.state.events.log(job.msg_id, "que", "run", status=job.status,
-                                count=job.fields.get("count"), pid=job.pid)
+                if started is None:
+                    self.log_start(job)
+                else:
+                    started.append(job)
                 if job.kill_pending:  # destroyed before it was spawned
                     self.state.terminate(job, time.monotonic())
+
+    def log_start(self, job: J.Job) -> None:
+        self.state.events.log(job.msg_id, "que", "run", status=job.status,
+                              count=job.fields.get("count"), pid=job.pid)
 
     def fail_unspawnable(self, job: J.Job, text: str) -> None:
         """run → err for a job that no retry could start (S6.6 outcome err)."""
@@ -270,13 +286,18 @@ class QueueProcess:
         q = self.state
         info = J.spawn(job, q.base_env, q.main, q.cfg)
         try:  # the job runs already: a failed write here must not undo the start
-            q.store.write_file(os.path.join(job.path, "pid"), f"{job.pid}\n".encode())
-            q.store.write_file(os.path.join(job.path, "proc.json"), protocol.dumps(info).encode())
+            q.store.write_file(os.path.join(job.path, "pid"), f"{job.pid}\n".encode(),
+                               fresh=True)  # complete() and recovery remove both (S6.6, S2.7)
+            q.store.write_file(os.path.join(job.path, "proc.json"), protocol.dumps(info).encode(),
+                               fresh=True)
         except OSError as exc:
             log.error("cannot record pid of job %s: %s", job.msg_id, exc)
 
     # ================================================================ reaping and deadlines
-    def reap(self) -> None:
+    def reap(self) -> list[J.Job]:
+        """Reap every exited job and move its message (S6.6); the jobs whose fsync
+        run_once does after spawning those started in their slots (`ending`)."""
+        ended: list[J.Job] = []
         for pid, code, core in proc.reap_any():
             job = self.by_pid.pop(pid, None)
             if job is None:
@@ -284,7 +305,17 @@ class QueueProcess:
             job.exited = (code, core)
             job.exit_wall = time.time()
             self.pipes.drain_at_exit(job)  # what is in the pipe now, no waiting for EOF
-            self.finish(job)
+            if not self.move_ended(job):
+                continue
+            assert job.outcome is not None
+            if job.dups or job.outcome.state == "que":
+                # what it changes in que/ (its dups released or finished, itself
+                # back, S5.3, S5.4) comes before the scheduler's next choice
+                self.publish_ended([job], self.sync_ended([job]))
+            else:
+                ended.append(job)
+                self.state.ending.add(job.msg_id)  # its slot is free for the pass
+        return ended
 
     def check_deadlines(self, mono: float) -> None:
         for job in list(self.state.jobs.values()):
@@ -313,14 +344,48 @@ class QueueProcess:
 
     # ================================================================ finishing (S6.6)
     def finish(self, job: J.Job) -> None:
+        if self.move_ended(job):
+            self.publish_ended([job], self.sync_ended([job]))
+
+    def move_ended(self, job: J.Job) -> bool:
+        """Decide the next state of an ended job and rename its message (the
+        first half of QueueState.complete); False when that hit an IO error
+        (retried later)."""
         if job.outcome is None:  # decided once, so a retry cannot change its mind
             job.outcome = J.decide(job, stopping=self.state.stopping)
-        outcome = job.outcome
         try:
-            self.state.complete(job, outcome)
+            self.state.complete_move(job, job.outcome)
         except OSError as exc:
             self.state.unfinished.failed(job, exc, time.monotonic())
-            return
+            return False
+        return True
+
+    def sync_ended(self, ended: list[J.Job]) -> OSError | None:
+        """Group commit of completions (issue 15): one fsync of each directory
+        the moves of `ended` changed (jobs ending together share their done/
+        bucket); what is left to fsync stays in each job's `sync_dirs`."""
+        dirs = list(dict.fromkeys(d for job in ended for d in job.sync_dirs or []))
+        error: OSError | None = None
+        try:
+            self.state.store.sync_dirs(dirs)  # pops each directory once it is durable
+        except OSError as exc:
+            error = exc
+        for job in ended:
+            job.sync_dirs = [d for d in job.sync_dirs or [] if d in dirs]
+        return error
+
+    def publish_ended(self, ended: list[J.Job], error: OSError | None) -> None:
+        """After sync_ended, under the lock: bookkeeping, or a retry if not durable."""
+        self.state.ending.difference_update(job.msg_id for job in ended)
+        for job in ended:
+            if job.sync_dirs and error is not None:
+                self.state.unfinished.failed(job, error, time.monotonic())
+            elif job.outcome is not None:
+                self.state.complete_publish(job, job.outcome)
+                self.forget(job)
+
+    def forget(self, job: J.Job) -> None:
+        """A finished job leaves the table and its pipes; its group may be SIGKILLed later."""
         self.state.unfinished.finished(job, time.monotonic())
         self.state.jobs.pop(job.msg_id, None)
         if self.state.stopping and self.stop_kill_at is not None:

@@ -50,8 +50,10 @@ class QueueState:
         self.index = Index()
         self.lock = threading.RLock()
         self.wake = wake                        # ask the loop for a pass (S2.6)
+        self.loop_thread: int | None = None     # the thread that runs the loop, once it does
         self.jobs: dict[str, J.Job] = {}        # script mode: running jobs by message id
         self.to_spawn: list[J.Job] = []         # moved into run/, spawned by the loop
+        self.ending: set[str] = set()           # exited and renamed; the fsync follows (issue 15)
         self.unfinished = Unfinished()          # ended, but finishing hit an IO error
         self.buckets_made: set[str] = set()     # hashdir buckets made ahead (D8)
         self.bucket_sync: list[str] = []        # their parents still to fsync
@@ -64,6 +66,7 @@ class QueueState:
         self.count_refresh = COUNT_REFRESH
         self.next_count_refresh = time.monotonic() + COUNT_REFRESH
         self.base_env = J.base_env(main)
+        self.script_check = J.ScriptCheck()     # S6.1.1 at each start, redone on a change
 
     # ================================================================ status (S3.5)
     def admin_status(self) -> str:
@@ -86,14 +89,22 @@ class QueueState:
         now = time.time() if now is None else now
         for hook in self.pass_hooks:  # pull mode (S8): lease deadlines, waiting reserves
             hook(now)
-        if self.stopping or self.cfg.mode != "script" or self.admin_status() != "UP":
+        if self.stopping or self.cfg.mode != "script":
+            return
+        # The pause/down files are looked at only when there is something to
+        # start (issue 15): most passes of a busy queue (a reply, a job's line,
+        # a reap with every slot taken) have nothing due, and the two stat()s
+        # were a tenth of a job's system calls.  SCRIPTERROR is re-checked on
+        # every pass, as before, so a mended script clears it with nothing queued.
+        picks = self.due_picks(now) if not self.script_error else None
+        if picks == [] or self.admin_status() != "UP":
             return
         if self.script_error:
             if J.check_script(self.main.root, self.cfg.script, self.cfg.exec_prefix)[1]:
                 return
             self.script_error = None
             log.info("script usable again; SCRIPTERROR cleared")
-        for item in self.due_picks(now):
+        for item in picks if picks is not None else self.due_picks(now):
             if item.dup_of is None and item.msg_id in self.index.que:
                 if not self.start_job(item):
                     return
@@ -117,11 +128,13 @@ class QueueState:
 
     def due_picks(self, now: float) -> list[QueItem]:
         """The due messages to start now: S5.1 order, S5.2 blocking, free slots."""
-        slots = self.cfg.num_workers - len(self.jobs) - self.unfinished.not_in(self.jobs)
+        slots = (self.cfg.num_workers - len(self.jobs) + len(self.ending)
+                 - self.unfinished.not_in(self.jobs))
         if slots <= 0:
             return []
         params = self.cfg.blocking_params
-        blocked = {job.block_key(params) for job in self.jobs.values()} if params else set()
+        blocked = {job.block_key(params) for job in self.jobs.values()
+                   if job.msg_id not in self.ending} if params else set()
         picks: list[QueItem] = []
         for item in self.index.candidates():
             key = item.key(params) if params else ()
@@ -177,7 +190,8 @@ class QueueState:
     def start_job(self, item: QueItem) -> bool:
         """S6.1: move `item` into run/ for the loop to spawn; False when the
         script is unusable or the disk refused (the pass stops there)."""
-        real, reason = J.check_script(self.main.root, self.cfg.script, self.cfg.exec_prefix)
+        real, reason, argv = self.script_check.check(self.main.root, self.cfg.script,
+                                                     self.cfg.exec_prefix)
         if reason:
             self.script_error = reason
             log.error("SCRIPTERROR: %s", reason)
@@ -189,7 +203,7 @@ class QueueState:
         job = J.Job(item.msg_id, self.store.msg_path("run", item.msg_id), fields)
         job.status = job.status_on_disk = self.store.read_status_text(job.path)
         job.dups = self.index.attach_dups(item.msg_id, fields, self.cfg.coalesce_params)
-        job.real = real
+        job.real, job.argv = real, argv
         self.jobs[item.msg_id] = job
         try:
             self.prepare_job_dir(job)
@@ -198,7 +212,8 @@ class QueueState:
             self.unspawn(job)
             return False
         self.to_spawn.append(job)
-        self.wake()
+        if threading.get_ident() != self.loop_thread:  # the loop's own pass spawns it next
+            self.wake()
         return True
 
     def take_from_que(self, item: QueItem) -> dict[str, Any] | None:
@@ -227,7 +242,9 @@ class QueueState:
         """Create job/ and job/stdio.log before the reply (S6.1 step 2), so a
         client that follows the log of a message it just saw in run finds it."""
         job_dir = os.path.join(job.path, "job")
-        if not os.path.isdir(job_dir) and not self.store.claim_spare("job", job_dir):
+        if not os.path.isdir(job_dir):
+            if self.store.claim_spare("job", job_dir):
+                return  # a job spare holds its empty stdio.log already (rq.spares)
             self.fs.mkdir(job_dir)
         log_path = os.path.join(job_dir, "stdio.log")
         os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644))
@@ -272,6 +289,13 @@ class QueueState:
     def complete(self, job: J.Job, outcome: J.Outcome) -> None:
         """Move a finished job's (or lease's) message to its next state.
         Retryable: an IO error leaves `job` recording how far it got."""
+        self.complete_move(job, outcome)
+        self.store.sync_dirs(job.sync_dirs or [])
+        self.complete_publish(job, outcome)
+
+    def complete_move(self, job: J.Job, outcome: J.Outcome) -> None:
+        """complete() up to the rename (once: `job.sync_dirs` is set then to the
+        directories whose fsync makes it durable)."""
         msg_id, path, state = job.msg_id, job.path, outcome.state
         finished_dups = job.dups if state in ("done", "relayed") else []
         if job.sync_dirs is None:
@@ -285,8 +309,13 @@ class QueueState:
                 job.fields["dups"] = [self.full_id(d) for d in finished_dups]
             if state == "que" or finished_dups:
                 self.store.write_msg(path, job.fields, sync=False)
-            _, job.sync_dirs = self.store.move_unsynced(msg_id, "run", state)
-        self.store.sync_dirs(job.sync_dirs)
+            _, job.sync_dirs = self.store.move_unsynced(msg_id, "run", state, self.buckets_made)
+
+    def complete_publish(self, job: J.Job, outcome: J.Outcome) -> None:
+        """complete() after the fsync of `job.sync_dirs`: index or count, event
+        (S13: after the transition is on disk), dups and webhooks."""
+        msg_id, state = job.msg_id, outcome.state
+        finished_dups = job.dups if state in ("done", "relayed") else []
         if state == "que":
             self.index.add_que(msg_id, job.fields["due"], job.fields)
         else:
@@ -350,7 +379,8 @@ class QueueState:
 
     def write_job_status(self, job: J.Job, text: str) -> None:
         try:
-            self.store.write_status(job.path, text)
+            # no status file yet (none read at start, none written): a plain rename
+            self.store.write_status(job.path, text, fresh=job.status_on_disk is None)
             job.status_on_disk = text
         except OSError as exc:
             log.warning("status update failed: %s", exc)
