@@ -432,8 +432,10 @@ def outside_snapshot(site: Site) -> dict[str, tuple]:
     snap = snapshot(site.base, lambda rel: rel == root_rel or rel.startswith(root_rel + os.sep))
     for top in (site.base.parent, site.base.parent.parent):
         for entry in os.scandir(top):
-            if top == site.base.parent.parent and re.fullmatch(r"pytest-\d+", entry.name):
-                continue  # other pytest runs' base dirs come and go (pytest keeps 3)
+            if top == site.base.parent.parent and \
+                    re.fullmatch(r"pytest-\d+|garbage-[-0-9a-f]+", entry.name):
+                continue  # other pytest runs' base dirs come and go (pytest keeps 3, and
+                #           renames one to garbage-UUID while it removes it)
             st = entry.stat(follow_symlinks=False)
             size = st.st_size if entry.is_file(follow_symlinks=False) else 0
             snap[entry.path] = ("entry", size, st.st_mtime_ns if size else 0, str(st.st_ino))
