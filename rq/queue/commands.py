@@ -292,7 +292,7 @@ class Commands:
         q = self.state
         with q.lock:
             state, path = self.find(msg_id)
-            if state == "run" or msg_id in q.ending:  # ending: moved, not yet fsynced
+            if state == "run":  # also a message whose end is not yet fsynced (find)
                 return ["fail", "cannot delete message in run state"]
             text, count = q.store.read_status_text(path), stored_count(q.store, path)
             try:
@@ -445,9 +445,14 @@ class Commands:
             raise Fail("msg not found") from exc
 
     def find(self, msg_id: str) -> tuple[str, str]:
+        """(state, path) of a message.  One whose end is moved but not yet fsynced and
+        counted (QueueState.ending, the group commit of completions, issue 15) is still
+        `run`: no reader sees it in its final state before its bookkeeping."""
         found = self.state.store.locate(msg_id)
         if found is None:
             raise Fail("msg not found")
+        if msg_id in self.state.ending:
+            return "run", found[1]
         return found
 
 
