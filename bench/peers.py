@@ -384,6 +384,8 @@ def measure(args: argparse.Namespace, ctx: Context,
                       f"(bare {bare.rate:6.0f}: x{res.rate / bare.rate:.2f}), enqueue "
                       f"{res.enqueue_rate:7.0f}/s, CPU/1k machine {res.cpu_per_1k:6.2f} s, "
                       f"tree {res.tree_cpu_per_1k:6.2f} s", flush=True)
+        # The disk again: durable systems are bound by fsync, whose cost moves with the load.
+        print(f"  after trial {trial + 1}: {disk_probe(args.tmpdir)}", flush=True)
         if trial + 1 < args.trials and records:  # usable figures if the run is cut short
             print_table(records, names, args.workers, f"so far, after {trial + 1} trial(s)")
     return records, failures
