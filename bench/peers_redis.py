@@ -84,7 +84,7 @@ def run_pyrq(args: argparse.Namespace, env: dict[str, str], log: str) -> None:
             if q.failed_job_registry.count:
                 raise BenchError(f"{q.failed_job_registry.count} python-rq job(s) failed")
 
-        wait_markers(args.marks, args.n, max(120.0, args.n * 0.2), check)
+        wait_markers(args.marks, args.n, check=check)
         wait_for(lambda: check() or q.finished_job_registry.count >= args.n, 60,
                  "python-rq's finished registry", 0.002)
         print(result_line(window.stop(args.n)), flush=True)
@@ -112,7 +112,7 @@ def run_celery(args: argparse.Namespace, env: dict[str, str], log: str) -> None:
         results = ResultSet([celery_run_job.delay(marker_path(args.marks, i))
                              for i in range(args.n)])
         window.enqueue_done()
-        wait_markers(args.marks, args.n, max(120.0, args.n * 0.2), lambda: alive(procs, log))
+        wait_markers(args.marks, args.n, check=lambda: alive(procs, log))
 
         def finished() -> bool:
             alive(procs, log)
