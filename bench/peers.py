@@ -23,7 +23,7 @@ seconds per 1,000 jobs, both of the whole machine (/proc/stat) and of this
 benchmark's process tree (steadier on a shared machine).  Runs under a
 subreaper (`tini -s`) so that orphaned job processes and daemons are reaped at
 once; it re-executes itself under tini when it is not.  Usage:
-    tini -s -- .venv/bin/python bench/peers.py --tmpdir /var/tmp/rqbench [--n 2000] [--trials 3]
+    tini -s -- .venv/bin/python bench/peers.py --tmpdir DIR [--n 2000] [--trials 3]
 """
 
 from __future__ import annotations
