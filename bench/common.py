@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,10 @@ for _p in (str(REPO), str(REPO / "tests")):
 from rq import client  # noqa: E402
 from rq.errors import ConnectError  # noqa: E402
 from rqtest import make_queue, make_root, write_script  # noqa: E402,F401
+
+# bench/peerlib.py also runs in the peers' virtualenvs (bench/peers.py): one copy of these.
+sys.path.insert(0, str(REPO / "bench"))
+from peerlib import BenchError, wait_for  # noqa: E402,F401
 
 QUEUE = "bench"
 # A trivial queue script: /bin/sh, so no interpreter start per job (PERF.md).
@@ -44,23 +48,6 @@ PEERS = (
     ("python-rq forking Worker, Redis AOF always", "~35", "~52"),
     ("nq (serial, no fsync)", "~75", "-"),
 )
-
-
-class BenchError(RuntimeError):
-    pass
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str,
-             interval: float = 0.002) -> Any:
-    """Poll `cond` until it returns something truthy; BenchError after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 DEFAULT_TMPDIR = "/var/tmp"

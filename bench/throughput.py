@@ -323,7 +323,8 @@ def main() -> int:
             print(f"W={w:<4}{r:11.0f}{b:17.0f}{r / b:13.0%}   {med('rq_drain', w, 1):.1f} ms"
                   f"   (paired {paired:.0%})")
     print()
-    print("PERF.md peers (2 cores, ext4, N=2000, medians of 3; not measured here):")
+    print("PERF.md peers (2 cores, ext4, N=2000, medians of 3; not measured here: "
+          "bench/peers.py runs them side by side):")
     print(f"  {'system':52}{'1 worker':>10}{'2 workers':>11}")
     for name, one, two in PEERS:
         print(f"  {name:52}{one:>10}{two:>11}")
