@@ -1,0 +1,261 @@
+"""`rq push` and `rq pop`: a message queue for shell pipelines (issue 18 item 1,
+seed 000's push/pop with a journal).
+
+`echo data | rq push [QUEUE]` queues stdin (any bytes, at most the root's
+`push_max_bytes`) as the body of a new message: prep_message, the body
+attached as `attach/body` (S4.8, so the message page shows it like any
+attachment), commit_message.  `ok <full id>` is printed only after the commit
+(the queue fsyncs que/ first).  Without QUEUE the root's `default_queue`.
+
+`rq pop QUEUE [--wait SECS]` takes a lease on the oldest eligible message of a
+pull queue (S8.2, over the queue's own socket: `grant_lease`), writes its body
+to stdout, flushes it (and fsyncs it when stdout is a regular file), and only
+then reports `done`.  A failed write (EPIPE, a killed pipeline) or a crash
+sends no report: the message returns when its lease expires (S8.3), never
+lost.  `--exec CMD` runs CMD with the body on stdin (renewing the lease while
+it runs): exit 0 → done, else err with CMD's last stderr line; `--loop` keeps
+taking messages.  Nothing here touches the spool except reading a leased
+message's body.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import stat
+import sys
+import tempfile
+import time
+from typing import IO, Any
+
+from rq import client, config, proc, protocol
+from rq.cli.base import CliError, Invocation, check_queue, command, optional, silence
+from rq.errors import ConfigError, ConnectError
+
+BODY = "body"            # the attachment that holds a pushed message's body
+CHUNK = 1024 * 1024
+GRANT_WAIT_MAX = 60.0    # S8.2: one grant waits at most 60 s; longer waits ask again
+STATUS_MAX = 1000        # characters of CMD's last stderr line kept as the status text
+
+
+# ---------------------------------------------------------------- rq push
+
+
+@command("push")
+def push(inv: Invocation) -> int:
+    """Queue stdin as a new message's body → `ok <FULL_ID>`."""
+    main = main_config(inv)
+    name = inv.args[0] if inv.args else main.default_queue
+    if name is None:
+        raise CliError("no queue given and no default_queue in config/config.json "
+                       "(rq push QUEUE)")
+    check_queue(inv.root, name)
+    with tempfile.NamedTemporaryFile(prefix="rq-push-", dir=main.tmpdir) as tmp:
+        copy_stdin(tmp, main.push_max_bytes)
+        full = ask(inv, name, "prep_message", {"dest": name, "src": "push"})
+        try:
+            ask(inv, name, "attach_message", {"msg_id": full, "pathname": tmp.name,
+                                              "name": BODY})
+        except CliError:
+            call_quiet(inv.root, name, "delete_message", {"msg_id": full})
+            raise
+    ask(inv, name, "commit_message", {"msg_id": full})
+    inv.say(f"ok {full}")
+    return 0
+
+
+def main_config(inv: Invocation) -> config.MainConfig:
+    try:
+        return config.load_main_config(inv.root)
+    except ConfigError as exc:
+        raise CliError(f"bad config file config/config.json: {exc}") from None
+
+
+def copy_stdin(tmp: IO[bytes], limit: int) -> None:
+    """Stdin into `tmp`, fsynced (the queue hard-links it: the same inode);
+    more than `limit` bytes → an error before anything is queued."""
+    size = 0
+    stdin = sys.stdin.buffer
+    while chunk := stdin.read(CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise CliError(f"stdin is larger than push_max_bytes ({limit} bytes): "
+                           "nothing queued")
+        tmp.write(chunk)
+    tmp.flush()
+    os.fsync(tmp.fileno())
+
+
+def ask(inv: Invocation, name: str, cmd: str, arg: Any, timeout: float = 60.0) -> Any:
+    """The reply's value; a `fail` reply or no answer → CliError."""
+    try:
+        reply = client.call_queue(inv.root, name, cmd, arg, timeout=timeout)
+    except ConnectError:
+        raise CliError(f"cannot connect to queue {name} (is rq-mgr running?)") from None
+    if not isinstance(reply, list) or len(reply) < 2 or reply[0] != "ok":
+        reason = reply[1] if isinstance(reply, list) and len(reply) > 1 else reply
+        raise CliError(f"queue {name}: {reason}")
+    return reply[1]
+
+
+def call_quiet(root: str, name: str, cmd: str, arg: Any) -> None:
+    try:
+        client.call_queue(root, name, cmd, arg)
+    except ConnectError:
+        pass
+
+
+# ---------------------------------------------------------------- rq pop
+
+
+@command("pop", "wait", "exec", "loop", "lease", "consumer")
+def pop(inv: Invocation) -> int:
+    """One message's body to stdout (or to `--exec CMD`), then `done`."""
+    if not inv.args:
+        raise CliError("missing queue name (rq pop QUEUE)")
+    name = inv.args[0]
+    check_queue(inv.root, name)
+    wait, cmd, loop = pop_wait(inv), optional(inv, "exec"), "loop" in inv.flags
+    if loop and cmd is None:
+        raise CliError("--loop needs --exec CMD")
+    grant: dict[str, Any] = {"consumer": optional(inv, "consumer")
+             or f"rq pop {socket.gethostname()}:{os.getpid()}"}
+    if (lease := optional(inv, "lease")) is not None:
+        grant["lease"] = number(lease, "--lease")
+    while True:
+        res = take(inv, name, grant, wait if wait is not None else None if loop else 0.0)
+        if res is None:
+            if loop:
+                return 0
+            raise CliError(f"no message in queue {name}")
+        if cmd is None:
+            return write_body(inv, name, res)
+        run_exec(inv, name, res, cmd)
+        if not loop:
+            return 0
+
+
+def pop_wait(inv: Invocation) -> float | None:
+    raw = optional(inv, "wait")
+    return None if raw is None else number(raw, "--wait")
+
+
+def number(raw: str, flag: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise CliError(f"invalid {flag}: {raw} (seconds)")
+    return value
+
+
+def take(inv: Invocation, name: str, grant: dict[str, Any],
+         wait: float | None) -> dict[str, Any] | None:
+    """A reservation (S8.2 RES), waiting up to `wait` s (None: for ever; 0: not)."""
+    deadline = None if wait is None else time.monotonic() + wait
+    while True:
+        left = GRANT_WAIT_MAX if deadline is None else max(0.0, deadline - time.monotonic())
+        step = min(left, GRANT_WAIT_MAX)
+        res = ask(inv, name, "grant_lease", {**grant, "wait": step}, timeout=step + 30)
+        if res is not None or (deadline is not None and time.monotonic() >= deadline):
+            return res
+
+
+def body_path(res: dict[str, Any]) -> str | None:
+    """The leased message's `attach/body`, None when it has none (an empty body)."""
+    found = (res.get("msg") or {}).get("_attachments", {}).get(BODY)
+    return found.get("path") if isinstance(found, dict) else None
+
+
+def write_body(inv: Invocation, name: str, res: dict[str, Any]) -> int:
+    """Body → stdout, flushed (fsynced if a file), then `done`; a failed write
+    leaves the message to its lease expiry (S8.3)."""
+    try:
+        inv.out.flush()
+        path = body_path(res)
+        with open(path if path else os.devnull, "rb") as body:
+            while chunk := body.read(CHUNK):
+                write_all(inv.out, chunk)
+        inv.out.flush()
+        sync_if_file(inv.out)
+    except OSError as exc:
+        silence(inv.out)
+        raise CliError(f"cannot write {res['full_msg_id']} to stdout "
+                       f"({exc.strerror or exc}): it returns to queue {name} when its "
+                       "lease expires") from None
+    report(inv, name, res, "done popped")
+    return 0
+
+
+def write_all(out: IO[str], data: bytes) -> None:
+    """Every byte to the stream's descriptor with os.write (a buffered writer
+    can report a partial write to a pipe closed under it as success); a
+    stream without a descriptor (CliRunner) gets text."""
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError, AttributeError):
+        out.write(data.decode("utf-8", "replace"))
+        return
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def sync_if_file(out: IO[str]) -> None:
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        os.fsync(fd)
+
+
+def run_exec(inv: Invocation, name: str, res: dict[str, Any], cmd: str) -> None:
+    """CMD with the body on stdin and the message's RQ_* environment (S8.2
+    `env`); its stderr passed through, the lease renewed while it runs."""
+    env = {**os.environ, **{k: str(v) for k, v in (res.get("env") or {}).items()}}
+    inv.out.flush()
+    child = proc.spawn_filter(cmd, body_path(res) or os.devnull, env)
+    assert child.stderr is not None
+    last = relay_stderr(inv, name, res, child.stderr)
+    code = child.wait()
+    if code == 0:
+        report(inv, name, res, f"done {protocol.describe_exit(0)}")
+    else:
+        report(inv, name, res, f"err {last or protocol.describe_exit(code)}")
+
+
+def relay_stderr(inv: Invocation, name: str, res: dict[str, Any], pipe: IO[bytes]) -> str:
+    """Copy CMD's stderr to ours until EOF, renewing the lease every third of
+    its length; CMD's last non-empty stderr line."""
+    length = max(1.0, float(res["lease_expires"]) - time.time())
+    renew_at = time.monotonic() + length / 3
+    last, tail = "", b""
+    err = getattr(inv.err, "buffer", None)
+    with selectors.DefaultSelector() as sel:
+        sel.register(pipe, selectors.EVENT_READ)
+        while True:
+            if sel.select(max(0.0, renew_at - time.monotonic())):
+                chunk = os.read(pipe.fileno(), 65536)
+                if not chunk:
+                    break
+                (err.write(chunk) if err else inv.err.write(chunk.decode("utf-8", "replace")))
+                (err or inv.err).flush()
+                tail = (tail + chunk)[-4 * STATUS_MAX:]
+                last = last_line(tail) or last
+            if time.monotonic() >= renew_at:
+                ask(inv, name, "renew", {"msg_id": res["full_msg_id"], "token": res["token"]})
+                renew_at = time.monotonic() + length / 3
+    return last
+
+
+def last_line(data: bytes) -> str:
+    lines = [x for x in data.decode("utf-8", "replace").splitlines() if x.strip()]
+    return " ".join(lines[-1].split())[:STATUS_MAX] if lines else ""
+
+
+def report(inv: Invocation, name: str, res: dict[str, Any], line: str) -> None:
+    ask(inv, name, "report", {"msg_id": res["full_msg_id"], "token": res["token"],
+                              "line": line})
