@@ -228,12 +228,16 @@ def test_exec_success_and_failure(root: Path, jobs: QueueProc, tmp_path: Path) -
     assert jobs.message(silent)["status"] == "err - exit status 4"
 
 
-def test_exec_renews_the_lease_while_it_runs(root: Path, jobs: QueueProc, tmp_path: Path) -> None:
-    """A command that outlives the 1 s lease: renewed every third of it, so
-    the message is done once, never expired and requeued."""
+@pytest.mark.parametrize("prefix", ["", "exec 2>&-; "])
+def test_exec_renews_the_lease_while_it_runs(root: Path, jobs: QueueProc, tmp_path: Path,
+                                             prefix: str) -> None:
+    """A command that outlives the 1 s lease (also one that closed its
+    stderr): renewed every third of it, so the message is done once, never
+    expired and requeued."""
     full = push(root, b"slow")
     flag = tmp_path / "go"
-    popper = start_rq(root, "pop", "jobs", "--exec", f"while [ ! -e {flag} ]; do sleep 0.1; done")
+    popper = start_rq(root, "pop", "jobs", "--exec",
+                      f"{prefix}while [ ! -e {flag} ]; do sleep 0.1; done")
     wait_for(lambda: jobs.state(full) == "run", what="the lease")
     msg = jobs.message(full)
     lease_file = root / msg["path"] / "lease.json"

@@ -24,6 +24,7 @@ import os
 import selectors
 import socket
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -218,36 +219,56 @@ def run_exec(inv: Invocation, name: str, res: dict[str, Any], cmd: str) -> None:
     env = {**os.environ, **{k: str(v) for k, v in (res.get("env") or {}).items()}}
     inv.out.flush()
     child = proc.spawn_filter(cmd, body_path(res) or os.devnull, env)
-    assert child.stderr is not None
-    last = relay_stderr(inv, name, res, child.stderr)
-    code = child.wait()
+    lease = Renewal(inv, name, res)
+    last = relay_stderr(inv, child, lease)
+    while (code := child.poll()) is None:  # stderr closed, CMD still running
+        try:
+            child.wait(lease.left())
+        except subprocess.TimeoutExpired:
+            lease.renew_if_due()
     if code == 0:
         report(inv, name, res, f"done {protocol.describe_exit(0)}")
     else:
         report(inv, name, res, f"err {last or protocol.describe_exit(code)}")
 
 
-def relay_stderr(inv: Invocation, name: str, res: dict[str, Any], pipe: IO[bytes]) -> str:
-    """Copy CMD's stderr to ours until EOF, renewing the lease every third of
-    its length; CMD's last non-empty stderr line."""
-    length = max(1.0, float(res["lease_expires"]) - time.time())
-    renew_at = time.monotonic() + length / 3
+class Renewal:
+    """Renews a lease every third of its length (S8.3 `renew`)."""
+
+    def __init__(self, inv: Invocation, name: str, res: dict[str, Any]) -> None:
+        self.inv, self.name, self.res = inv, name, res
+        self.every = max(1.0, float(res["lease_expires"]) - time.time()) / 3
+        self.due = time.monotonic() + self.every
+
+    def left(self) -> float:
+        return max(0.0, self.due - time.monotonic())
+
+    def renew_if_due(self) -> None:
+        if time.monotonic() >= self.due:
+            ask(self.inv, self.name, "renew",
+                {"msg_id": self.res["full_msg_id"], "token": self.res["token"]})
+            self.due = time.monotonic() + self.every
+
+
+def relay_stderr(inv: Invocation, child: subprocess.Popen[bytes], lease: Renewal) -> str:
+    """Copy CMD's stderr to ours until EOF, renewing the lease meanwhile;
+    CMD's last non-empty stderr line."""
+    assert child.stderr is not None
     last, tail = "", b""
     err = getattr(inv.err, "buffer", None)
     with selectors.DefaultSelector() as sel:
-        sel.register(pipe, selectors.EVENT_READ)
+        sel.register(child.stderr, selectors.EVENT_READ)
         while True:
-            if sel.select(max(0.0, renew_at - time.monotonic())):
-                chunk = os.read(pipe.fileno(), 65536)
+            if sel.select(lease.left()):
+                chunk = os.read(child.stderr.fileno(), 65536)
                 if not chunk:
                     break
                 (err.write(chunk) if err else inv.err.write(chunk.decode("utf-8", "replace")))
                 (err or inv.err).flush()
                 tail = (tail + chunk)[-4 * STATUS_MAX:]
                 last = last_line(tail) or last
-            if time.monotonic() >= renew_at:
-                ask(inv, name, "renew", {"msg_id": res["full_msg_id"], "token": res["token"]})
-                renew_at = time.monotonic() + length / 3
+            lease.renew_if_due()
+    child.stderr.close()
     return last
 
 
