@@ -140,3 +140,34 @@ def test_recovery_scans_back_past_one_chunk() -> None:
         assert last_good_end(fh.fileno(), len(data)) == len(line) * 3
     assert good_end(data, whole=True) == len(line) * 3
     assert good_end(data[-100:], whole=False) is None
+
+
+def test_fsck_reports_torn_tails_and_sidecars(tmp_path: Path) -> None:
+    """`rq fsck` (rq.fsck.main) notes a file whose tail is bad and, once a
+    writer has moved it aside, the sidecar; neither is a problem (exit 0)."""
+    import io
+
+    from rq import fsck
+
+    root = tmp_path / "root"
+    (root / "queue").mkdir(parents=True)
+    path, _, _ = write_three(root)
+    day = path.parent.name
+    with open(path, "ab") as fh:
+        fh.write(b'{"crc32":"0')
+    out = io.StringIO()
+    assert fsck.main(str(root), out, io.StringIO()) == 0
+    size = path.stat().st_size
+    assert out.getvalue() == (
+        f"note: log/events/{day}/q.jsonl: torn tail, 11 bad byte(s) after offset {size - 11} "
+        "(moved aside when its queue next writes this file)\n"
+        "fsck: 0 queue(s), 0 message(s): OK\n")
+    log = EventLog(str(root), "h", "q")
+    log.log("20261122.0000.00.009.1", "prep", "que", ts=1795310401.0)
+    log.close()
+    out = io.StringIO()
+    assert fsck.main(str(root), out, io.StringIO()) == 0
+    assert out.getvalue() == (
+        f"note: log/events/{day}/q.jsonl.torn-{size - 11}: 11 bad byte(s) moved aside from a "
+        "torn event-log tail, kept for inspection\n"
+        "fsck: 0 queue(s), 0 message(s): OK\n")
