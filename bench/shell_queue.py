@@ -6,8 +6,8 @@ each: `rq push bench` of a 100-byte stdin against `rq sendmesg --dest bench`
 (both durable, one process each); then `rq pop bench` against `rq reserve` +
 `rq report` (two processes: what a shell consumer needs without pop).  Printed:
 median wall and CPU time (user + system of the children, from wait4), the
-ratios, and the rate of `rq pop bench --exec cat --loop --wait 1` draining
-`--n` pushed messages (one process for all of them).
+ratios, and the rate and CPU per message of `rq pop bench --exec cat --loop
+--wait 1` draining `--n` pushed messages (one process for all of them).
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def main() -> int:
         env = dict(os.environ, RQ_ROOT=str(root))
         env["PYTHONPATH"] = str(REPO)
         # reserve/report go through rq-mgr, which also runs the queue process
+        mgr_log = open(root / "log" / "mgr.stderr", "ab")
         mgr = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "rq-mgr"), "run"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=open(root / "log" / "mgr.stderr", "ab"),
+                               env=env, stdout=subprocess.DEVNULL, stderr=mgr_log,
                                start_new_session=True)
         try:
             wait_for(lambda: answers(root), 60, "the queue process")
@@ -79,6 +80,7 @@ def main() -> int:
         finally:
             mgr.terminate()
             mgr.wait(60)
+            mgr_log.close()
     report(figures)
     return 0
 
@@ -108,10 +110,12 @@ def measure(rq: str, env: dict[str, str], n: int) -> dict[str, list[tuple[float,
         out["rr"].append(reserve_report(rq, env))
     for _ in range(n):
         timed([rq, "push", QUEUE], env, BODY)
+    before = children_cpu()
     t0 = time.perf_counter()
     subprocess.run([rq, "pop", QUEUE, "--exec", "cat >/dev/null", "--loop", "--wait", "1"],
                    env=env, check=True)
-    out["loop"] = [(time.perf_counter() - t0 - 1.0, 0.0)]  # minus the idle second at the end
+    # wall minus the idle second at the end; CPU includes every `sh -c cat` it ran
+    out["loop"] = [(time.perf_counter() - t0 - 1.0, children_cpu() - before)]
     return out
 
 
@@ -130,9 +134,10 @@ def report(f: dict[str, list[tuple[float, float]]]) -> None:
         print(f"  {a} / {'sendmesg' if b == 'send' else 'reserve+report'}: "
               f"{wa / wb:.2f}x wall, {ca / cb:.2f}x CPU")
     n = len(f["push"])
-    print(f"  rq pop --exec 'cat >/dev/null' --loop: {n / f['loop'][0][0]:.0f} msg/s "
-          f"({n} messages, one process)")
-
+    wall, cpu = f["loop"][0]
+    print(f"  rq pop --exec 'cat >/dev/null' --loop, {n} messages in one process: "
+          f"{n / wall:.0f} msg/s, {cpu / n * 1000:.1f} CPU ms per message "
+          f"({cpu / n / med('pop')[1]:.2f}x one rq pop)")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -98,6 +98,21 @@ def test_body_on_the_message_page(tmp_path: Path) -> None:
         assert rq(root, "pop", "jobs") == (0, BINARY, "")
 
 
+def test_push_and_pop_in_click_runner(root: Path, jobs: QueueProc) -> None:
+    """The same commands through rq.cli.app under click's CliRunner (STYLE 14):
+    stdin and stdout without file descriptors."""
+    from click.testing import CliRunner
+
+    from rq.cli import app
+
+    runner = CliRunner()
+    pushed = runner.invoke(app.cli, ["--root", str(root), "push", "jobs"], input=b"text body\n")
+    assert pushed.exit_code == 0 and pushed.output.startswith("ok http://"), pushed.output
+    popped = runner.invoke(app.cli, ["--root", str(root), "pop", "jobs"])
+    assert (popped.exit_code, popped.output) == (0, "text body\n")
+    assert jobs.message(pushed.output[3:-1])["state"] == "done"
+
+
 def test_default_queue_and_missing_queue(root: Path, jobs: QueueProc) -> None:
     assert rq(root, "push", data=b"x") == (1, b"", "rq: no queue given and no default_queue "
                                            "in config/config.json (rq push QUEUE)\n")

@@ -61,7 +61,11 @@ def push(inv: Invocation) -> int:
         except CliError:
             call_quiet(inv.root, name, "delete_message", {"msg_id": full})
             raise
-    ask(inv, name, "commit_message", {"msg_id": full})
+    try:
+        ask(inv, name, "commit_message", {"msg_id": full})
+    except CliError:  # not acknowledged: do not leave it to be delivered
+        call_quiet(inv.root, name, "delete_message", {"msg_id": full})
+        raise
     inv.say(f"ok {full}")
     return 0
 
