@@ -37,8 +37,27 @@ def rq(root: Path, *args: str, data: bytes = b"", timeout: float = 60) -> tuple[
     return res.returncode, res.stdout, err
 
 
+STARTED: list[subprocess.Popen[bytes]] = []
+
+
 def start_rq(root: Path, *args: str, **kw: Any) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([RQ, "--root", str(root), *args], env=env(), **kw)
+    proc = subprocess.Popen([RQ, "--root", str(root), *args], env=env(), **kw)
+    STARTED.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def reap_started() -> Iterator[None]:
+    """A test that fails half-way leaves no `rq` running behind it."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 @pytest.fixture
@@ -263,3 +282,18 @@ def test_exec_renews_the_lease_while_it_runs(root: Path, jobs: QueueProc, tmp_pa
     assert popper.wait(30) == 0
     msg = jobs.message(full)
     assert (msg["state"], msg["count"]) == ("done", 0)
+
+
+def test_pop_imports_only_what_it_uses() -> None:
+    """`rq pop` in a shell loop pays for every import (issue 15): no typing,
+    dataclasses, config records or psutil on its path (`--exec` loads rq.proc)."""
+    import sys
+
+    probe = ("import sys\nfrom rq.cli import base, entry\n"
+             "assert base.load_command('pop') is not None\n"
+             "print(' '.join(sorted(sys.modules)))\n")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=env(), timeout=60, check=True)
+    heavy = {"dataclasses", "inspect", "typing", "rq.config", "rq.proc", "psutil", "tempfile",
+             "rq.cli.helptext", "click"}
+    assert not heavy & set(res.stdout.split())

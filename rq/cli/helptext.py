@@ -167,7 +167,7 @@ COMMANDS: dict[str, tuple[str, Mapping[str, tuple[str, str]], str]] = {
         **BULK_SEARCH},
         "rq purge --queue video --older-than 7d"),
     "push": ("queue stdin as a new message's body: rq push [QUEUE] (default: the root's "
-             "default_queue; docs/guide/shell-queue.md)", {}, "echo 'resize a.png' | rq push jobs"),
+             "default_queue; docs/guide/shell-queue.md)", {}, "rq push jobs < task.txt"),
     "pop": ("write the oldest body of a pull queue to stdout, then mark it done: rq pop QUEUE "
             "(docs/guide/shell-queue.md)", {
         "wait": ("seconds to wait for a message (default 0; any length)", "--wait 30"),

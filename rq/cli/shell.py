@@ -24,15 +24,22 @@ import os
 import selectors
 import socket
 import stat
-import subprocess
 import sys
-import tempfile
 import time
-from typing import IO, Any
 
-from rq import client, config, proc, protocol
+from rq import client, protocol
 from rq.cli.base import CliError, Invocation, check_queue, command, optional, silence
 from rq.errors import ConfigError, ConnectError
+
+# Issue 15: `rq pop` in a shell loop pays for every import, so neither typing nor the
+# config records (rq.config: dataclasses) nor psutil (rq.proc) are loaded on its path;
+# `rq push` reads the main config, `--exec` spawns through rq.proc.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+    from typing import IO, Any
+
+    from rq.config import MainConfig
 
 BODY = "body"            # the attachment that holds a pushed message's body
 CHUNK = 1024 * 1024
@@ -52,6 +59,8 @@ def push(inv: Invocation) -> int:
         raise CliError("no queue given and no default_queue in config/config.json "
                        "(rq push QUEUE)")
     check_queue(inv.root, name)
+    import tempfile
+
     with tempfile.NamedTemporaryFile(prefix="rq-push-", dir=main.tmpdir) as tmp:
         copy_stdin(tmp, main.push_max_bytes)
         full = ask(inv, name, "prep_message", {"dest": name, "src": "push"})
@@ -70,7 +79,9 @@ def push(inv: Invocation) -> int:
     return 0
 
 
-def main_config(inv: Invocation) -> config.MainConfig:
+def main_config(inv: Invocation) -> MainConfig:
+    from rq import config
+
     try:
         return config.load_main_config(inv.root)
     except ConfigError as exc:
@@ -221,6 +232,10 @@ def run_exec(inv: Invocation, name: str, res: dict[str, Any], cmd: str) -> None:
     """CMD with the body on stdin and the message's RQ_* environment (S8.2
     `env`); its stderr passed through, the lease renewed while it runs."""
     env = {**os.environ, **{k: str(v) for k, v in (res.get("env") or {}).items()}}
+    import subprocess
+
+    from rq import proc
+
     inv.out.flush()
     child = proc.spawn_filter(cmd, body_path(res) or os.devnull, env)
     lease = Renewal(inv, name, res)
