@@ -7,6 +7,7 @@ failed, so the queues use a 1 s lease."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -41,6 +42,7 @@ STARTED: list[subprocess.Popen[bytes]] = []
 
 
 def start_rq(root: Path, *args: str, **kw: Any) -> subprocess.Popen[bytes]:
+    kw.setdefault("start_new_session", True)  # its own group: teardown reaches --exec's sh too
     proc = subprocess.Popen([RQ, "--root", str(root), *args], env=env(), **kw)
     STARTED.append(proc)
     return proc
@@ -52,8 +54,9 @@ def reap_started() -> Iterator[None]:
     yield
     while STARTED:
         proc = STARTED.pop()
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # not reaped yet, so its group id is still its own
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
@@ -189,7 +192,7 @@ def test_pipeline_killed_mid_pop(root: Path, jobs: QueueProc) -> None:
     message is back in que and a later pop gets all of it."""
     body = os.urandom(4 * 1024 * 1024)
     full = push(root, body)
-    popper = start_rq(root, "pop", "jobs", stdout=subprocess.PIPE, start_new_session=True)
+    popper = start_rq(root, "pop", "jobs", stdout=subprocess.PIPE)
     assert popper.stdout is not None
     assert len(popper.stdout.read(65536)) == 65536  # the write is under way
     assert jobs.state(full) == "run"
