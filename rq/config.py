@@ -64,6 +64,9 @@ def _as_number(v: object) -> int | float | None:
 # ---------------------------------------------------------------- S1.4 main config
 
 
+PUSH_MAX_BYTES = 64 * 1024 ** 2  # issue 18: `rq push` reads at most this much of stdin
+
+
 @dataclass(frozen=True)
 class MainConfig:
     """The validated `config/config.json` of one root (S1.4)."""
@@ -84,6 +87,8 @@ class MainConfig:
     event_retention_days: int = 30
     max_upload_bytes: int = 2 * 1024 ** 3  # (new) web upload limit, 413 above it
     max_body_bytes: int = 8 * 1024 ** 2  # (new) any other web body; S4.4 wants 1 MiB messages
+    default_queue: str | None = None  # (new, issue 18) the queue of a bare `rq push`
+    push_max_bytes: int = PUSH_MAX_BYTES  # (new, issue 18) the largest `rq push` body
 
     @property
     def host_port(self) -> str:
@@ -129,6 +134,8 @@ def load_main_config(root: str) -> MainConfig:
         event_retention_days=_retention(data.get("event_retention_days")),
         max_upload_bytes=_byte_limit(data, "max_upload_bytes", 2 * 1024 ** 3),
         max_body_bytes=_byte_limit(data, "max_body_bytes", 8 * 1024 ** 2),
+        default_queue=_default_queue(data.get("default_queue")),
+        push_max_bytes=_byte_limit(data, "push_max_bytes", PUSH_MAX_BYTES),
     )
 
 
@@ -200,6 +207,15 @@ def _byte_limit(data: dict, key: str, default: int) -> int:
     if size is None or size < 1:
         raise ConfigError(f"{key} must be an integer >= 1")
     return size
+
+
+def _default_queue(v: object) -> str | None:
+    """Issue 18 (seed 000's `default`): a queue name (S3.1), or absent."""
+    if v is None or v == "":
+        return None
+    if not isinstance(v, str) or not valid_queue_name(v):
+        raise ConfigError("default_queue must be a queue name")
+    return v
 
 
 def _retention(v: object) -> int:

@@ -2,15 +2,21 @@
 
 Owns `log/events/YYYYMMDD/QUEUE.jsonl` for its queue: one line per message
 state transition, `{"crc32":"XXXXXXXX","event":PAYLOAD}\\n`, each written by a
-single write() on an O_APPEND descriptor after the transition is on disk.  A
-file whose last byte is not a newline (a torn tail left by a crash) gets one
-first, so the fragment becomes a single skipped line (S13.4).  Also the pure
-`encode_event`/`decode_line` pair that readers (analytics, subscriptions) use.
+single write() on an O_APPEND descriptor after the transition is on disk.
+Torn-tail recovery (S13.4, issue 18 item 4, seed 001's write-position
+recovery): a writer that opens a file whose last record is torn or fails its
+CRC finds the end of the last good record, moves the bytes after it into a
+sidecar `QUEUE.jsonl.torn-OFFSET` next to the file (fsynced, never silently
+discarded; readers ignore it: it does not end in `.jsonl`), truncates the file
+there and appends from it.  `torn_tails` lists such files and sidecars for
+`rq fsck`.  Also the pure `encode_event`/`decode_line` pair that readers
+(analytics, subscriptions) use.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -19,6 +25,11 @@ from typing import Any
 
 from rq import protocol
 from rq.fsops import FsOps
+
+log = logging.getLogger(__name__)
+
+SIDECAR = ".torn-"      # QUEUE.jsonl.torn-OFFSET[.N]: the bad bytes found at OFFSET
+SCAN_CHUNK = 64 * 1024  # bytes read from the end per step of the backward scan
 
 FIELDS = ("ts", "host", "queue", "msg_id", "from", "to", "status", "count", "pid",
           "exit_code", "duration")
@@ -84,9 +95,13 @@ class EventLog:
             self._close()
             directory = os.path.join(self.base, day)
             os.makedirs(directory, exist_ok=True)
-            fd = os.open(os.path.join(directory, self.queue + ".jsonl"),
-                         os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            _mend_torn_tail(fd)
+            path = os.path.join(directory, self.queue + ".jsonl")
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                recover_tail(path, fd)
+            except OSError:
+                os.close(fd)  # nothing is appended after bad bytes: retried at the next event
+                raise
             self._fd, self._day = fd, day
         return self._fd
 
@@ -100,7 +115,112 @@ class EventLog:
             self._close()
 
 
-def _mend_torn_tail(fd: int) -> None:
+# ---------------------------------------------------------------- torn tails (issue 18)
+
+
+def good_end(data: bytes, *, whole: bool) -> int | None:
+    """The offset in `data` just after its last line that passes the S13.4
+    checks; 0 when `whole` (data starts the file) and there is none; None when
+    the answer needs bytes before `data`."""
+    nl = data.rfind(b"\n")
+    while nl >= 0:
+        prev = data.rfind(b"\n", 0, nl)
+        if prev < 0 and not whole:
+            return None  # this line may start before the chunk
+        if decode_line(data[prev + 1:nl + 1]) is not None:
+            return nl + 1
+        nl = prev
+    return 0 if whole else None
+
+
+def last_good_end(fd: int, size: int) -> int:
+    """The file offset just after its last good record, read backwards from
+    `size` in growing chunks (usually one read of the last 64 KiB)."""
+    chunk = SCAN_CHUNK
+    while True:
+        start = max(0, size - chunk)
+        end = good_end(os.pread(fd, size - start, start), whole=start == 0)
+        if end is not None:
+            return start + end
+        chunk *= 4
+
+
+def recover_tail(path: str, fd: int) -> str | None:
+    """Move whatever follows the last good record of the open file `path` into
+    a new sidecar and truncate the file there; the sidecar's path, or None
+    when the tail is good.  The sidecar is durable before the truncation, so a
+    crash in between only repeats the recovery (a second sidecar, same bytes)."""
     size = os.fstat(fd).st_size
-    if size and os.pread(fd, 1, size - 1) != b"\n":
-        os.write(fd, b"\n")
+    good = last_good_end(fd, size) if size else 0
+    if good == size:
+        return None
+    sidecar = write_sidecar(path, good, os.pread(fd, size - good, good))
+    os.ftruncate(fd, good)
+    os.fsync(fd)
+    log.warning("event log %s: %d bad byte(s) after offset %d moved to %s (S13.4)",
+                path, size - good, good, os.path.basename(sidecar))
+    return sidecar
+
+
+def write_sidecar(path: str, offset: int, data: bytes) -> str:
+    """`PATH.torn-OFFSET` (or `.1`, `.2` … when taken: an earlier sidecar is
+    never replaced), written and fsynced with its directory."""
+    base = f"{path}{SIDECAR}{offset}"
+    for n in range(1000):
+        name = base if n == 0 else f"{base}.{n}"
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            continue
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dfd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return name
+    raise FileExistsError(f"{base}: too many sidecars")
+
+
+def torn_tails(root: str) -> list[str]:
+    """For `rq fsck`: one line per event-log file whose tail is bad now (it is
+    moved aside when its queue next opens the file) and per sidecar kept."""
+    base = os.path.join(root, "log", "events")
+    out: list[str] = []
+    for day in sorted(_listdir(base)):
+        for name in sorted(_listdir(os.path.join(base, day))):
+            rel = f"log/events/{day}/{name}"
+            full = os.path.join(base, day, name)
+            if SIDECAR in name:
+                out.append(f"{rel}: {os.path.getsize(full)} bad byte(s) moved aside "
+                           "from a torn event-log tail, kept for inspection")
+            elif name.endswith(".jsonl"):
+                out.extend(_tail_note(rel, full))
+    return out
+
+
+def _tail_note(rel: str, full: str) -> list[str]:
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        size = os.fstat(fd).st_size
+        good = last_good_end(fd, size) if size else 0
+    finally:
+        os.close(fd)
+    if good == size:
+        return []
+    return [f"{rel}: torn tail, {size - good} bad byte(s) after offset {good} "
+            "(moved aside when its queue next writes this file)"]
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []

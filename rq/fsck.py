@@ -3,7 +3,9 @@
 Owns the read-only consistency rules: every message id lives in exactly one
 state of its queue, every committed message's `msg` parses as a JSON object
 whose `msg_id` is its directory name and which has a `dest`, and done/relayed
-messages sit in the hashdir bucket of their id (S3.2).  Uncommitted `prep`
+messages sit in the hashdir bucket of their id (S3.2).  Event-log files with a
+torn or corrupt tail, and the sidecars their bad bytes were moved to, are
+reported as notes (S13.4, issue 18): nothing acknowledged is lost.  Uncommitted `prep`
 messages without a readable `msg` (a crash during allocation) are reported as
 notes, not problems: they were never acknowledged.  It never changes anything.
 """
@@ -15,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import IO
 
-from rq import message, protocol
+from rq import events, message, protocol
 from rq.store import HASHED, STATES, Store
 
 
@@ -41,6 +43,7 @@ def check_root(root: str) -> Report:
     for name in names:
         if protocol.valid_queue_name(name) and os.path.isdir(os.path.join(qbase, name)):
             report.states[name] = check_queue(Store(root, name), report)
+    report.notes.extend(events.torn_tails(root))
     return report
 
 

@@ -281,3 +281,13 @@ def kill_process(pid: int, sig: int = signal.SIGKILL) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def spawn_filter(command: str, stdin_path: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`rq pop --exec COMMAND` (issue 18): `/bin/sh -c COMMAND` reading the
+    message body from `stdin_path`, writing to our stdout, its stderr a pipe
+    the caller reads.  It stays in our process group, so a Ctrl-C or a killed
+    pipeline reaches it as it would any command of the shell line."""
+    with open(stdin_path, "rb") as body:
+        return subprocess.Popen(["/bin/sh", "-c", command], stdin=body,
+                                stderr=subprocess.PIPE, env=env, close_fds=True)

@@ -28,7 +28,8 @@ COMMANDS = sorted(["sendmesg", "prepmesg", "single_que", "attachmesg", "commitme
                    "showmesg", "deletemesg", "destroymesg", "runmesg", "queues", "admin",
                    "fsck", "reserve", "report", "renew", "watch", "analytics",
                    "createqueue", "configqueue", "deletequeue", "completion",
-                   "wait", "requeue", "purge"])  # issue 16 items 2, 6
+                   "wait", "requeue", "purge",  # issue 16 items 2, 6
+                   "push", "pop"])  # issue 18
 USAGE = "Valid commands are:\n" + "".join(f"  {name}\n" for name in COMMANDS)
 MESSAGE_COMMANDS = ["commitmesg", "statusmesg", "state", "statuscountmesg",
                     "attachstatusmesg", "clone", "showmesg", "deletemesg", "destroymesg",
@@ -88,6 +89,19 @@ def run_rq(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[s
 ])
 def test_parse_flags(args: list[str], flags: dict[str, Any]) -> None:
     assert base.parse_flags(args) == flags
+
+
+@pytest.mark.parametrize("args, positional", [
+    (["jobs"], ("jobs",)),
+    (["jobs", "--wait", "5", "--loop"], ("jobs",)),
+    (["--wait", "5", "jobs"], ("jobs",)),
+    (["--loop", "jobs"], ()),                     # `--k v`: the value of --loop (S19.1)
+    (["--exec=cat", "jobs", "--", "x"], ("jobs",)),  # a bare `--` takes x too
+    (["-v", "jobs"], ("-v", "jobs")),
+])
+def test_positional_args(args: list[str], positional: tuple[str, ...]) -> None:
+    """The arguments parse_flags ignores, for `rq push/pop QUEUE` (issue 18)."""
+    assert base.positional_args(args) == positional
 
 
 @pytest.mark.parametrize("argv, command, rest", [

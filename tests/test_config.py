@@ -135,6 +135,10 @@ def test_main_config_all_keys(tmp_path: Path) -> None:
     assert cfg.session_secret == "s3"
     assert cfg.csrf_trusted_origins == ("http://a:1",)
     assert cfg.event_retention_days == 0
+    assert (cfg.default_queue, cfg.push_max_bytes) == (None, 64 * 1024 ** 2)  # issue 18
+    cfg2 = load_main_config(str(write_root(tmp_path, {
+        **MAIN, "default_queue": "jobs", "push_max_bytes": "1024"})))
+    assert (cfg2.default_queue, cfg2.push_max_bytes) == ("jobs", 1024)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.port = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -179,6 +183,10 @@ def test_main_config_relative_tmpdir_is_under_root(tmp_path: Path) -> None:
     ({"csrf_trusted_origins": [1]}, "csrf_trusted_origins must be an array of strings"),
     ({"session_secret": 12}, "session_secret must be a string"),
     ({"event_retention_days": -1}, "event_retention_days must be an integer >= 0"),
+    ({"default_queue": "a/b"}, "default_queue must be a queue name"),    # issue 18
+    ({"default_queue": 5}, "default_queue must be a queue name"),
+    ({"push_max_bytes": 0}, "push_max_bytes must be an integer >= 1"),
+    ({"push_max_bytes": "x"}, "push_max_bytes must be an integer >= 1"),
 ])
 def test_main_config_invalid(tmp_path: Path, change: dict[str, Any], reason: str) -> None:
     data = {**MAIN, **change}

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import zlib
 from pathlib import Path
 
 import pytest
 
-from rq.events import EventLog, decode_line, encode_event
+from rq.events import (
+    SCAN_CHUNK,
+    EventLog,
+    decode_line,
+    encode_event,
+    good_end,
+    last_good_end,
+    torn_tails,
+)
 
 
 def test_line_layout_and_crc() -> None:
@@ -42,21 +51,123 @@ def test_non_object_payload_is_skipped() -> None:
     assert decode_line(line) is None
 
 
-def test_writer_mends_torn_tail_of_existing_file(tmp_path: Path) -> None:
-    """S13.4: a writer opening a file whose last byte is not \\n appends one,
-    so the torn fragment becomes exactly one skipped line; events written by a
-    later process to an existing file are kept."""
-    log = EventLog(str(tmp_path), "h", "q")
-    first = log.log("20261122.0000.00.000.1", None, "prep", ts=1795310400.0)
+def write_three(root: Path) -> tuple[Path, list[dict], bytes]:
+    """Three records written by the real writer; the file, payloads and last line."""
+    log = EventLog(str(root), "h", "q")
+    payloads = [log.log(f"20261122.0000.00.00{n}.1", None, "prep", ts=1795310400.0 + n,
+                        status=f"record {n}") for n in range(3)]
     log.close()
-    path = next((tmp_path / "log" / "events").glob("*/q.jsonl"))
+    path = next((root / "log" / "events").glob("*/q.jsonl"))
+    return path, payloads, path.read_bytes().splitlines(keepends=True)[-1]
+
+
+def damaged_tails(last: bytes) -> list[tuple[str, bytes]]:
+    """The last record truncated at every byte, and corrupted at every byte
+    (a flipped bit, and a stray newline)."""
+    out = [(f"cut {k}", last[:k]) for k in range(1, len(last))]
+    for i in range(len(last)):
+        out.append((f"flip {i}", last[:i] + bytes([last[i] ^ 0x20]) + last[i + 1:]))
+        if last[i] != 10:
+            out.append((f"newline {i}", last[:i] + b"\n" + last[i + 1:]))
+    return out
+
+
+def test_torn_tail_recovery_at_every_byte_of_the_last_record(tmp_path: Path) -> None:
+    """Issue 18 item 4 (S13.4, seed 001): a writer opening a file whose last
+    record is torn or fails its CRC moves the bytes after the last good record
+    to a sidecar (kept, never discarded), truncates there and appends from it;
+    fsck reports the file before and the sidecar after."""
+    _, _, last = write_three(tmp_path / "probe")
+    cases = damaged_tails(last)
+    assert len(cases) > 3 * 200
+    for n, (name, tail) in enumerate(cases):
+        root = tmp_path / str(n)
+        path, payloads, last_line = write_three(root)
+        good = path.read_bytes()[:-len(last_line)]
+        path.write_bytes(good + tail)
+        assert [f"torn tail, {len(tail)} bad byte(s) after offset {len(good)}" in note
+                for note in torn_tails(str(root))] == [True], name
+        log = EventLog(str(root), "h", "q")
+        new = log.log("20261122.0000.00.009.1", "prep", "que", ts=1795310401.0)
+        log.close()
+        data = path.read_bytes()
+        assert data == good + encode_event(new), name
+        assert [decode_line(x) for x in data.splitlines(keepends=True)] == [*payloads[:2], new]
+        sidecars = list(path.parent.glob("q.jsonl.torn-*"))
+        assert [p.name for p in sidecars] == [f"q.jsonl.torn-{len(good)}"], name
+        assert sidecars[0].read_bytes() == tail, name
+        notes = torn_tails(str(root))
+        assert len(notes) == 1 and "moved aside" in notes[0] and "torn-" in notes[0], name
+
+
+def test_good_tail_is_left_alone_and_sidecars_never_replaced(tmp_path: Path) -> None:
+    """A whole last record means no sidecar; a second tear at the same offset
+    gets its own sidecar instead of replacing the first; a file with no good
+    record at all is moved aside whole."""
+    path, payloads, last = write_three(tmp_path)
+    size = path.stat().st_size
+    log = EventLog(str(tmp_path), "h", "q")
+    log.log("20261122.0000.00.009.1", "prep", "que", ts=1795310401.0)
+    log.close()
+    assert path.stat().st_size > size and torn_tails(str(tmp_path)) == []
+    path.write_bytes(path.read_bytes()[:size] + b'{"crc32":"00')
+    for fragment in (b"first", b"second"):
+        with open(path, "ab") as fh:
+            fh.write(fragment)
+        log = EventLog(str(tmp_path), "h", "q")
+        log.log("20261122.0000.00.009.1", "prep", "que", ts=1795310401.0)
+        log.close()
+        path.write_bytes(path.read_bytes()[:size] + b'{"crc32":"00')
+    names = sorted(p.name for p in path.parent.glob("q.jsonl.torn-*"))
+    assert names == [f"q.jsonl.torn-{size}", f"q.jsonl.torn-{size}.1"]
+    assert (path.parent / names[0]).read_bytes() == b'{"crc32":"00first'
+    assert (path.parent / names[1]).read_bytes() == b'{"crc32":"00second'
+    path.write_bytes(b"garbage with no good record\n")
+    log = EventLog(str(tmp_path), "h", "q")
+    only = log.log("20261122.0000.00.009.1", "prep", "que", ts=1795310401.0)
+    log.close()
+    assert path.read_bytes() == encode_event(only)
+    assert (path.parent / "q.jsonl.torn-0").read_bytes() == b"garbage with no good record\n"
+
+
+def test_recovery_scans_back_past_one_chunk() -> None:
+    """The backward scan reads more when the bad tail is longer than a chunk."""
+    line = encode_event({"msg_id": "x"})
+    data = line * 3 + b"x" * (SCAN_CHUNK * 2) + b"\n" + b"y" * 10
+    with tempfile.TemporaryFile() as fh:
+        fh.write(data)
+        fh.flush()
+        assert last_good_end(fh.fileno(), len(data)) == len(line) * 3
+    assert good_end(data, whole=True) == len(line) * 3
+    assert good_end(data[-100:], whole=False) is None
+
+
+def test_fsck_reports_torn_tails_and_sidecars(tmp_path: Path) -> None:
+    """`rq fsck` (rq.fsck.main) notes a file whose tail is bad and, once a
+    writer has moved it aside, the sidecar; neither is a problem (exit 0)."""
+    import io
+
+    from rq import fsck
+
+    root = tmp_path / "root"
+    (root / "queue").mkdir(parents=True)
+    path, _, _ = write_three(root)
+    day = path.parent.name
     with open(path, "ab") as fh:
-        fh.write(b'{"crc32":"0000')   # a crash mid-write
-    log2 = EventLog(str(tmp_path), "h", "q")
-    second = log2.log("20261122.0000.00.000.1", "prep", "que", ts=1795310400.5)
-    log2.close()
-    lines = path.read_bytes().splitlines(keepends=True)
-    assert len(lines) == 3
-    decoded = [decode_line(line) for line in lines]
-    assert decoded == [first, None, second]
-    assert second["from"] == "prep" and second["host"] == "h" and second["duration"] is None
+        fh.write(b'{"crc32":"0')
+    out = io.StringIO()
+    assert fsck.main(str(root), out, io.StringIO()) == 0
+    size = path.stat().st_size
+    assert out.getvalue() == (
+        f"note: log/events/{day}/q.jsonl: torn tail, 11 bad byte(s) after offset {size - 11} "
+        "(moved aside when its queue next writes this file)\n"
+        "fsck: 0 queue(s), 0 message(s): OK\n")
+    log = EventLog(str(root), "h", "q")
+    log.log("20261122.0000.00.009.1", "prep", "que", ts=1795310401.0)
+    log.close()
+    out = io.StringIO()
+    assert fsck.main(str(root), out, io.StringIO()) == 0
+    assert out.getvalue() == (
+        f"note: log/events/{day}/q.jsonl.torn-{size - 11}: 11 bad byte(s) moved aside from a "
+        "torn event-log tail, kept for inspection\n"
+        "fsck: 0 queue(s), 0 message(s): OK\n")

@@ -1,6 +1,6 @@
 """The `rq` command (SPEC S19), split by what the commands are about:
 `base` (argument rules, the registry, reply output), `messages` (messages,
-queues, fsck, analytics), `pull` (reserve/report/renew, watch) and `entry`
+queues, fsck, analytics), `pull` (reserve/report/renew, watch), `shell` (push/pop) and `entry`
 (dispatch), `app` (the same as a click command).  `main` is the console
 script."""
 

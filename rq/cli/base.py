@@ -51,6 +51,7 @@ COMMAND_MODULES = {
     **dict.fromkeys(("createqueue", "configqueue", "deletequeue"), "queueadmin"),
     "wait": "produce",
     **dict.fromkeys(("requeue", "purge"), "bulk"),
+    **dict.fromkeys(("push", "pop"), "shell"),  # issue 18
     "completion": "completion",
 }
 
@@ -59,14 +60,16 @@ class CliError(RQError):
     """A local S19.3 error: printed as `rq: <text>` on stderr, exit 1."""
 
 
-class Invocation(namedtuple("Invocation", "root flags out err")):
-    """Everything a command needs: the root (S1.2), its flags and the streams."""
+class Invocation(namedtuple("Invocation", "root flags out err args", defaults=((),))):
+    """Everything a command needs: the root (S1.2), its flags and the streams, and
+    the arguments that are neither flags nor their values (`rq push QUEUE`)."""
 
     __slots__ = ()
     root: str
     flags: Flags
     out: TextIO
     err: TextIO
+    args: tuple[str, ...]
 
     def say(self, text: str) -> None:
         print(text, file=self.out)
@@ -157,6 +160,21 @@ def parse_flags(args: Sequence[str], accumulating: frozenset[str] = frozenset())
         else:
             flags[name] = val
     return flags
+
+
+def positional_args(args: Sequence[str]) -> tuple[str, ...]:
+    """The arguments parse_flags ignores (S19.1 "other arguments"), in order:
+    `rq push QUEUE`, `rq pop QUEUE` (issue 18) read them."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("--"):
+            out.append(arg)
+        elif "=" not in arg and i < len(args) and not args[i].startswith("--"):
+            i += 1
+    return tuple(out)
 
 
 def check_text(flags: Flags) -> None:

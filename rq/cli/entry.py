@@ -19,6 +19,7 @@ from rq.cli.base import (
     load_command,
     one_line,
     parse_flags,
+    positional_args,
     silence,
     split_command,
     usage_text,
@@ -63,7 +64,7 @@ def dispatch(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: Text
         if name not in ROOTLESS_COMMANDS and not ("url" in cmd.flags and "url" in flags):
             raise
         root = ""
-    return cmd.run(Invocation(root, flags, out, err))
+    return cmd.run(Invocation(root, flags, out, err, positional_args(args)))
 
 
 def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: TextIO) -> int:

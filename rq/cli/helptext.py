@@ -166,6 +166,17 @@ COMMANDS: dict[str, tuple[str, Mapping[str, tuple[str, str]], str]] = {
         "older-than": ("the age of the message's id: 90, 36h, 7d, 2 weeks", "--older-than 7d"),
         **BULK_SEARCH},
         "rq purge --queue video --older-than 7d"),
+    "push": ("queue stdin as a new message's body: rq push [QUEUE] (default: the root's "
+             "default_queue; docs/guide/shell-queue.md)", {}, "rq push jobs < task.txt"),
+    "pop": ("write the oldest body of a pull queue to stdout, then mark it done: rq pop QUEUE "
+            "(docs/guide/shell-queue.md)", {
+        "wait": ("seconds to wait for a message (default 0; any length)", "--wait 30"),
+        "exec": ("run this shell command with the body on stdin instead: exit 0 is done, "
+                 "else err", "--exec 'sh handle.sh'"),
+        "loop": ("with --exec: keep taking messages (until --wait seconds pass idle)", "--loop"),
+        "lease": ("seconds the lease lasts (default the queue's lease_timeout)", "--lease 60"),
+        "consumer": ("a name for this consumer, shown on the dashboard", "--consumer host1")},
+        "rq pop jobs --exec 'sh handle.sh' --loop"),
     "completion": ("print the bash completion script (see rq completion --help)", {
         "queues": ("print the root's queue names instead (used by the script)", "--queues")},
         "rq completion bash > ~/.local/share/bash-completion/completions/rq"),
