@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from rq.analytics import job, manifest
+from rq.analytics import job, manifest, progress
 from rq.builtin import cleaner
 from rq.events import encode_event
 
@@ -222,3 +222,79 @@ def test_retention_waits_for_compaction_then_partitions_stand_in(spark: Any, his
 def test_full_flag_parses() -> None:
     assert job.parse_options("/r", {"full": True}, 0).full
     assert not job.parse_options("/r", {}, 0).full
+
+
+# ---------------------------------------------------------------- terminal progress
+
+
+def run_cli(args: list[str], cwd: Path, *, tty: bool) -> tuple[int, str, str]:
+    """`python -m rq.analytics ARGS` with stderr on a pseudo-terminal (tty) or a pipe."""
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    from rqtest import REPO
+
+    env = {k: v for k, v in os.environ.items() if k != "RQ_MSG_DIR"}
+    env["PYTHONPATH"] = str(REPO)
+    cmd = [sys.executable, "-m", "rq.analytics", *args]
+    if not tty:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+        return done.returncode, done.stdout, done.stderr
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave,
+                            env=env, cwd=cwd)
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if not ready:
+            if proc.poll() is not None:
+                break
+            continue
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, out.decode(), seen.decode(errors="replace")
+
+
+@needs_spark
+def test_progress_shows_on_a_terminal_only(history: Path, tmp_path: Path) -> None:
+    from rqtest import make_root
+    args = ["--root", str(make_root(tmp_path)), "--input", str(history), "--master", "local[1]",
+            "--conf", "spark.driver.extraJavaOptions=-XX:+UseSerialGC -XX:TieredStopAtLevel=1"]
+    rc, out, term = run_cli([*args, "--output", str(tmp_path / "a")], tmp_path, tty=True)
+    assert rc == 0, term
+    assert "published" in out
+    assert "tasks" in term and "%|" in term and "stage " in term, term
+    rc, out, err = run_cli([*args, "--output", str(tmp_path / "b"), "--full"], tmp_path, tty=False)
+    assert rc == 0 and "published" in out
+    assert "tasks" not in err and "%|" not in err, err
+
+
+@pytest.mark.parametrize(("stages", "shown"), [
+    ([], ("starting", 0, 0)),
+    ([progress.Stage(3, "parquet at NativeMethodAccessorImpl.java:0", 8, 2)],
+     ("stage 3 parquet", 8, 2)),
+    ([progress.Stage(5, "collect at x", 4, 4), progress.Stage(4, "run at y", 2, 1)],
+     ("stage 4 run +1", 6, 5)),
+])
+def test_progress_describes_active_stages(stages: list[Any], shown: tuple[str, int, int]) -> None:
+    assert progress.describe(stages) == shown
+
+
+def test_progress_only_on_a_terminal_outside_queue_jobs() -> None:
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+    assert progress.wanted(Tty(), {})  # type: ignore[arg-type]
+    assert not progress.wanted(Tty(), {"RQ_MSG_DIR": "/x/job"})  # type: ignore[arg-type]
+    assert not progress.wanted(open(os.devnull, "w"), {})  # noqa: SIM115

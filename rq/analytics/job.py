@@ -205,25 +205,32 @@ def short_error(exc: BaseException) -> str:
     return first[:400]
 
 
-def main(root: str | None, flags: Mapping[str, Any], out: TextIO) -> int:
-    """`rq analytics`: run the job, print three lines; errors raise AnalyticsError."""
-    final, result = execute(root, flags)
+def main(root: str | None, flags: Mapping[str, Any], out: TextIO,
+         err: TextIO | None = None) -> int:
+    """`rq analytics`: run the job, print three lines; errors raise AnalyticsError.  On a
+    terminal `err` shows the stages' progress meanwhile (rq.analytics.progress)."""
+    final, result = execute(root, flags, progress_to=err)
     for line in report_lines(final, result):
         print(line, file=out)
     return 0
 
 
-def execute(root: str | None, flags: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+def execute(root: str | None, flags: Mapping[str, Any], progress_to: TextIO | None = None
+            ) -> tuple[str, dict[str, Any]]:
     """Options from `flags`, a session, one run; the JVM's output goes to
     ROOT/log/analytics-spark.log.  Every failure is an AnalyticsError (one line)."""
-    from rq.analytics import session
+    from rq.analytics import progress, session
 
     opts = parse_options(root, flags, time.time())
     log_path = os.path.join(root, "log", "analytics-spark.log") if root and os.path.isdir(
         os.path.join(root, "log")) else None
     with session.spark_session(opts.master, opts.conf, log_path=log_path) as spark:
         try:
-            final, result = run(spark, opts)
+            if progress_to is None:
+                final, result = run(spark, opts)
+            else:
+                with progress.progress(spark, progress_to, os.environ):
+                    final, result = run(spark, opts)
         except AnalyticsError:
             raise
         except Exception as exc:  # noqa: BLE001 -- Spark failures become one line

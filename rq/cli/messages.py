@@ -271,4 +271,4 @@ def analytics(inv: Invocation) -> int:
     """Issue 5: the PySpark job over the event log (docs/analytics.md)."""
     from rq.analytics import job  # imported lazily: pyspark is heavy and needs Java
 
-    return job.main(inv.root, inv.flags, inv.out)
+    return job.main(inv.root, inv.flags, inv.out, inv.err)
