@@ -182,7 +182,13 @@ def test_late_write_recompacts_the_day(spark: Any, history: Path, tmp_path: Path
     assert entry["files"]["a.jsonl"]["size"] == path.stat().st_size
     # A late writer appends to day 0 (its torn tail was in b.jsonl: this one is whole).
     append(tree, ev("a", "late1", D0 + DAY - 2, None, "prep"))
+    # What a run killed mid-compaction leaves is swept by the next one.
+    leftovers = [out / "compacted" / ".staging-dead" / "day=20231115",
+                 out / "compacted" / manifest.events_key(events_dir) / f"{day0}.dead"]
+    for path in leftovers:
+        path.mkdir(parents=True)
     inc = analyse(spark, tree, out, full=False)
+    assert not any(path.exists() for path in leftovers)
     assert inc["summary"]["compaction"]["days_compacted_now"] == 1
     assert any(dict(m)["msg_id"] == "late1" for m in inc["messages"])
     new_entry = manifest.day_entry(manifest.load_manifest(str(out)), events_dir, day0)

@@ -129,6 +129,22 @@ def compact(spark: SparkSession, out: str,
     return made
 
 
+def sweep(out: str) -> list[str]:
+    """Remove what a run that died mid-compaction left (staging directories, day directories
+    renamed into place that the manifest never came to name).  Called under the lock."""
+    named = {entry["dir"] for tree in manifest.load_manifest(out)["trees"].values()
+             for entry in tree["days"].values()}
+    top = manifest.compacted_dir(out)
+    doomed = [os.path.join(top, n) for n in os.listdir(top) if n.startswith(".staging-")]
+    for key in os.listdir(top):
+        if os.path.isdir(os.path.join(top, key)) and not key.startswith("."):
+            doomed += [os.path.join(top, key, n) for n in os.listdir(os.path.join(top, key))
+                       if os.path.join("compacted", key, n) not in named]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
 def read_compacted(spark: SparkSession, dirs: list[str]) -> DataFrame:
     """Checked lines (reason, pos, event fields) of compacted day directories."""
     # recursiveFileLookup: no partition discovery (queue names are not typed as numbers, and
@@ -143,6 +159,7 @@ def incremental_input(spark: SparkSession, inputs: list[str], since: float | Non
     """The checked-line parts of an incremental run (compacting finished days first) and
     figures for summary.json's `compaction`."""
     with manifest.locked(out):
+        sweep(out)
         plan = make_plan(spark, inputs, since, until, out, now)
         fresh = compact(spark, out, plan.to_compact) if plan.to_compact else []
         book = manifest.load_manifest(out)
