@@ -303,4 +303,5 @@ def test_progress_only_on_a_terminal_outside_queue_jobs() -> None:
             return True
     assert progress.wanted(Tty(), {})  # type: ignore[arg-type]
     assert not progress.wanted(Tty(), {"RQ_MSG_DIR": "/x/job"})  # type: ignore[arg-type]
-    assert not progress.wanted(open(os.devnull, "w"), {})  # noqa: SIM115
+    with open(os.devnull, "w") as devnull:
+        assert not progress.wanted(devnull, {})
