@@ -185,10 +185,10 @@ def test_late_write_recompacts_the_day(spark: Any, history: Path, tmp_path: Path
     # What a run killed mid-compaction leaves is swept by the next one.
     leftovers = [out / "compacted" / ".staging-dead" / "day=20231115",
                  out / "compacted" / manifest.events_key(events_dir) / f"{day0}.dead"]
-    for path in leftovers:
-        path.mkdir(parents=True)
+    for left in leftovers:
+        left.mkdir(parents=True)
     inc = analyse(spark, tree, out, full=False)
-    assert not any(path.exists() for path in leftovers)
+    assert not any(left.exists() for left in leftovers)
     assert inc["summary"]["compaction"]["days_compacted_now"] == 1
     assert any(dict(m)["msg_id"] == "late1" for m in inc["messages"])
     new_entry = manifest.day_entry(manifest.load_manifest(str(out)), events_dir, day0)
