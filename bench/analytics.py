@@ -1,4 +1,4 @@
-"""Benchmark of the analytics job (issue 5): N synthetic S13 events, Spark vs one Python pass.
+"""Benchmark of the analytics job (issues 5, 19): N synthetic S13 events, Spark vs one Python pass.
 
 Generates `--events` (10 M) events over `--queues` (100) queues and `--days` (30) days as real
 event-log files (`log/events/YYYYMMDD/QUEUE.jsonl`, lines written by rq.events.encode_event's
@@ -7,6 +7,13 @@ format), runs the whole job (JVM start, read, check, aggregate, write, publish) 
 files that checks every line (rq.events.decode_line: layout, CRC-32, JSON) and computes the same
 per-queue counts of messages by final state.  The two sets of counts must agree.  Printed: time of
 each part, events/s, and the ratio.  Target: 10 M events in <= 120 s end to end on 2 cores.
+
+Issue 19 (incremental runs), each in its own session, end to end from JVM start, with the clock
+of the job set to one hour into the day after the history (`now`), so every history day is
+finished: (1) the first incremental run over a fresh output, which compacts all the days
+(target <= 120 s); (2) one new hour of raw events (a second input tree) on top of the compacted
+days (target <= 20 s); (3) the full recompute (`--full`) of the same input.  The three results
+must agree, and the one-process Python pass over the same input is printed beside them.
 
 The generated data is kept for the next run under --tmpdir (about 2.5 GB for 10 M events; reuse
 saves a minute or two of generation); --clean removes it after the run.
@@ -129,27 +136,27 @@ def generate(data: Path, events: int, queues: int, days: int, seed: int) -> dict
     return info
 
 
-def baseline(data: Path) -> tuple[float, dict[str, Counter[str]], int]:
+def baseline(trees: list[Path]) -> tuple[float, dict[str, Counter[str]], int]:
     """One Python process: decode every line (S13.4 checks) and count messages per queue by
     final state (the last done/err/relayed, else deleted; unfinished otherwise)."""
     t = time.monotonic()
     last: dict[tuple[str, str], tuple[float, str]] = {}
     finals = ("done", "err", "relayed")
     valid = 0  # the per-message rule of rq.analytics.transform.message_table
-    base = data / "log" / "events"
-    for day in sorted(os.listdir(base)):
-        for name in sorted(os.listdir(base / day)):
-            with open(base / day / name, "rb") as fh:
-                for raw in fh:
-                    ev = decode_line(raw)
-                    if ev is None:
-                        continue
-                    valid += 1
-                    key = (ev["queue"], ev["msg_id"])
-                    prev = last.get(key)
-                    to = ev["to"]
-                    if prev is None or (_rank(to), ev["ts"]) >= (_rank(prev[1]), prev[0]):
-                        last[key] = (ev["ts"], to)
+    paths = [base / day / name for base in (tree / "log" / "events" for tree in trees)
+             for day in sorted(os.listdir(base)) for name in sorted(os.listdir(base / day))]
+    for path in paths:
+        with open(path, "rb") as fh:
+            for raw in fh:
+                ev = decode_line(raw)
+                if ev is None:
+                    continue
+                valid += 1
+                key = (ev["queue"], ev["msg_id"])
+                prev = last.get(key)
+                to = ev["to"]
+                if prev is None or (_rank(to), ev["ts"]) >= (_rank(prev[1]), prev[0]):
+                    last[key] = (ev["ts"], to)
     counts: dict[str, Counter[str]] = {}
     for (queue, _), (_, to) in last.items():
         state = to if to in (*finals, "deleted") else "unfinished"
@@ -161,15 +168,46 @@ def _rank(to: str) -> int:
     return 2 if to in ("done", "err", "relayed") else 1 if to == "deleted" else 0
 
 
-def spark_run(data: Path, out: Path, master: str) -> tuple[float, float, dict[str, Any], int]:
+def spark_run(inputs: list[Path], out: Path, master: str, *, full: bool = False,
+              now: float | None = None) -> tuple[float, float, dict[str, Any], int]:
     from rq.analytics import job, session
     t = time.monotonic()
     with session.spark_session(master, {}, log_path=str(out.parent / "spark.log")) as spark:
         up = time.monotonic() - t
-        _, result = job.run(spark, job.Options(inputs=(str(data),), output=str(out),
-                                               master=master))
+        _, result = job.run(spark, job.Options(inputs=tuple(str(i) for i in inputs),
+                                               output=str(out), master=master, full=full),
+                            now=now)
         hwm = jvm_hwm_kib(spark)
     return up, time.monotonic() - t, result, hwm
+
+
+def new_hour(tree: Path, events: int, queues: int, days: int, seed: int) -> int:
+    """One hour of fresh events (the history's rate) just after it, in their own tree."""
+    shutil.rmtree(tree, ignore_errors=True)
+    rng = random.Random(seed + 19)
+    start = START + days * DAY
+    day_dir = tree / "log" / "events" / time.strftime("%Y%m%d", time.gmtime(start))
+    day_dir.mkdir(parents=True)
+    per_queue = max(1, round(events / (days * 24) / MEAN_EVENTS / queues))
+    n = 0
+    for qi in range(queues):
+        queue = f"q{qi:03d}"
+        with open(day_dir / f"{queue}.jsonl", "wb") as fh:
+            for i in range(per_queue):
+                t = round(start + rng.random() * 3000, 3)
+                msg = f"new{i}"
+                fh.write(line(t, queue, msg, None, "prep", None, None))
+                fh.write(line(t, queue, msg, "prep", "que", None, None))
+                fh.write(line(t + 1, queue, msg, "que", "run", None, None))
+                fh.write(line(t + 3, queue, msg, "run", "done", "ok", 2.0))
+                n += 4
+    return n
+
+
+def same_result(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    volatile = ("run_id", "generated_at", "duration_s", "stages_s", "compaction")
+    return {k: v for k, v in a.items() if k not in volatile} == {
+        k: v for k, v in b.items() if k not in volatile}
 
 
 def jvm_hwm_kib(spark: Any) -> int:
@@ -194,6 +232,8 @@ def main() -> int:
     ap.add_argument("--tmpdir", default=os.environ.get("RQ_BENCH_TMPDIR", DEFAULT_TMPDIR))
     ap.add_argument("--clean", action="store_true", help="remove the generated data afterwards")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--incremental", action="store_true",
+                    help="issue 19: first run with compaction, one new hour, full recompute")
     args = ap.parse_args()
     print(machine_line())
     data = Path(args.tmpdir) / (f"rq-bench-analytics-{args.events}-{args.queues}q-"
@@ -204,9 +244,12 @@ def main() -> int:
           f"queues, {info['days']} days, {size / 1e9:.2f} GB in {data} "
           f"(generated in {info['seconds']} s)")
     out = data.parent / (data.name + "-out")
+    fresh = data.parent / (data.name + "-newhour")
     shutil.rmtree(out, ignore_errors=True)
     try:
-        up, total, result, hwm = spark_run(data, out, args.master)
+        if args.incremental:
+            return incremental(args, data, fresh, out)
+        up, total, result, hwm = spark_run([data], out, args.master, full=True)
         events = result["total"]["events"]
         print(f"spark {args.master}: {total:.1f} s end to end (session {up:.1f} s, job "
               f"{result['duration_s']:.1f} s), {events / total:,.0f} events/s, "
@@ -216,25 +259,64 @@ def main() -> int:
                                               for k, v in result["stages_s"].items())
               + "; load avg after: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
         if not args.no_baseline:
-            secs, counts, valid = baseline(data)
+            secs, counts, valid = baseline([data])
             print(f"baseline (one Python process, decode_line + per-queue counts): {secs:.1f} s, "
                   f"{valid / secs:,.0f} events/s; spark/baseline time ratio "
                   f"{total / secs:.2f} (spark {secs / total:.2f}x as fast)")
-            agree = all(
-                {s: q["finished"][s] for s in ("done", "err", "relayed", "deleted")}
-                | {"unfinished": q["unfinished"]}
-                == {s: counts.get(name, Counter())[s]
-                    for s in ("done", "err", "relayed", "deleted", "unfinished")}
-                for name, q in result["queues"].items()) and len(counts) == len(
-                result["queues"]) and valid == result["lines"]["valid"]
-            print(f"per-queue counts agree: {agree}")
-            if not agree:
+            if not counts_agree(result, counts, valid):
                 return 1
     finally:
         shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(fresh, ignore_errors=True)
         if args.clean:
             shutil.rmtree(data, ignore_errors=True)
     return 0
+
+
+def counts_agree(result: dict[str, Any], counts: dict[str, Counter[str]], valid: int) -> bool:
+    agree = all(
+        {s: q["finished"][s] for s in ("done", "err", "relayed", "deleted")}
+        | {"unfinished": q["unfinished"]}
+        == {s: counts.get(name, Counter())[s]
+            for s in ("done", "err", "relayed", "deleted", "unfinished")}
+        for name, q in result["queues"].items()) and len(counts) == len(
+        result["queues"]) and valid == result["lines"]["valid"]
+    print(f"per-queue counts agree: {agree}")
+    return agree
+
+
+def incremental(args: argparse.Namespace, data: Path, fresh: Path, out: Path) -> int:
+    """Issue 19: first run (compacts), + one new hour, full recompute; Python pass beside."""
+    now = START + args.days * DAY + 3600
+    figures = {}
+    up, first, r1, _ = spark_run([data], out, args.master, now=now)
+    figures["first"] = first
+    print(f"incremental, first run (compacts {r1['compaction']['days_compacted_now']} days): "
+          f"{first:.1f} s end to end (session {up:.1f} s); target <= 120 s: "
+          f"{'met' if first <= 120 else 'NOT met'}")
+    n = new_hour(fresh, args.events, args.queues, args.days, args.seed)
+    up, hour, r2, hwm = spark_run([data, fresh], out, args.master, now=now)
+    print(f"incremental, + one new hour ({n:,} raw events, {r2['compaction']['days_read']} "
+          f"compacted days read): {hour:.1f} s end to end (session {up:.1f} s, JVM peak RSS "
+          f"{hwm / 1024:.0f} MiB); target <= 20 s: {'met' if hour <= 20 else 'NOT met'}")
+    full_out = out.parent / (out.name + "-full")
+    try:
+        up, full, r3, _ = spark_run([data, fresh], full_out, args.master, full=True, now=now)
+    finally:
+        shutil.rmtree(full_out, ignore_errors=True)
+    print(f"full recompute of the same input: {full:.1f} s end to end (session {up:.1f} s); "
+          f"incremental/full time ratio {hour / full:.2f}")
+    print("  stages (s) first / new hour / full: " + " / ".join(
+        ", ".join(f"{k} {v:.1f}" for k, v in r["stages_s"].items()) for r in (r1, r2, r3))
+          + "; load avg after: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+    agree = same_result(r2, r3)
+    print(f"incremental result equals the full recompute: {agree}")
+    if not args.no_baseline:
+        secs, counts, valid = baseline([data, fresh])
+        print(f"baseline (one Python process over the same input): {secs:.1f} s; "
+              f"first/baseline {first / secs:.2f}, new hour/baseline {hour / secs:.2f}")
+        agree = counts_agree(r2, counts, valid) and agree
+    return 0 if agree else 1
 
 
 if __name__ == "__main__":

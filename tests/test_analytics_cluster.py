@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.timeout(900),
 MASTER = "org.apache.spark.deploy.master.Master"
 WORKER = "org.apache.spark.deploy.worker.Worker"
 T0 = 1767225600  # 2026-01-01T00:00:00Z
-VOLATILE = ("run_id", "generated_at", "duration_s", "stages_s", "master")
+VOLATILE = ("run_id", "generated_at", "duration_s", "stages_s", "master", "compaction")
 # Every JVM here (master, worker, the two drivers, the executor) works on a tiny input for
 # seconds: SPARK.md's warm-up setting (serial collector, no C2 compiler threads) saves them
 # CPU on a 2-core machine shared with the other test workers (issue 14 section 4).  Both runs
@@ -137,9 +137,10 @@ def cluster(tmp_path: Path) -> Iterator[str]:
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def run_job(root: Path, data: Path, out: Path, master: str, *conf: str) -> dict[str, Any]:
+def run_job(root: Path, data: Path, out: Path, master: str, *conf: str,
+            full: bool = False) -> dict[str, Any]:
     args = [sys.executable, "-m", "rq.analytics", "--root", str(root), "--input", str(data),
-            "--output", str(out), "--master", master]
+            "--output", str(out), "--master", master, *(["--full"] if full else [])]
     for item in conf:
         args += ["--conf", item]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600,
@@ -163,19 +164,27 @@ def same(a: Any, b: Any) -> bool:
 
 
 def test_standalone_cluster_result_equals_local_run(tmp_path: Path, cluster: str) -> None:
+    """Issue 19: the cluster compacts the finished days (first run) and then reads them back
+    (second run); both equal a local full recompute from the raw event log."""
     root = make_root(tmp_path)
     data = tmp_path / "history"
     events = write_history(data)
-    local = run_job(root, data, tmp_path / "out-local", "local[2]", *JOB_CONF)
-    remote = run_job(root, data, tmp_path / "out-cluster", cluster, *JOB_CONF,
-                     "spark.executor.memory=1g", "spark.cores.max=2")
+    local = run_job(root, data, tmp_path / "out-local", "local[2]", *JOB_CONF, full=True)
+    cluster_conf = (*JOB_CONF, "spark.executor.memory=1g", "spark.cores.max=2")
+    remote = run_job(root, data, tmp_path / "out-cluster", cluster, *cluster_conf)
+    again = run_job(root, data, tmp_path / "out-cluster", cluster, *cluster_conf)
     assert remote["summary"]["master"] == cluster
+    assert local["summary"]["compaction"]["mode"] == "full"
+    assert remote["summary"]["compaction"]["days_compacted_now"] == 2
+    assert again["summary"]["compaction"]["days_compacted_now"] == 0
+    assert again["summary"]["compaction"]["days_read"] == 2
     assert local["summary"]["lines"] == {"read": events + 1, "valid": events, "skipped": 1,
                                          "skipped_by_reason": {"torn": 1, "layout": 0,
                                                                "crc": 0, "json": 0}}
     assert local["summary"]["total"]["finished"]["done"] > 0
-    for key in VOLATILE:
-        local["summary"].pop(key)
-        remote["summary"].pop(key)
-    assert same(local["summary"], remote["summary"])
-    assert same(local["hourly"], remote["hourly"])
+    for result in (local, remote, again):
+        for key in VOLATILE:
+            result["summary"].pop(key)
+    for result in (remote, again):
+        assert same(local["summary"], result["summary"])
+        assert same(local["hourly"], result["hourly"])

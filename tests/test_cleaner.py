@@ -203,6 +203,30 @@ def test_event_retention_zero_keeps_forever_and_bad_value_defaults(tmp_path: Pat
     assert left == (set(days.values()) if retention == 0 else {days[2]})
 
 
+def test_event_retention_waits_for_analytics_compaction(tmp_path: Path) -> None:
+    """Issue 19: once the analytics job has compacted (ROOT/analytics/compacted/manifest.json),
+    a raw day past retention is removed only when its Parquet partition is listed and on disk."""
+    from rq.analytics import manifest
+
+    now = time.time()
+    Root(tmp_path, "a", retention=3)
+    events = tmp_path / "log" / "events"
+    days = [time.strftime("%Y%m%d", time.gmtime(now - d * DAY)) for d in (5, 6, 7)]
+    for day in days:
+        (events / day).mkdir(parents=True)
+        (events / day / "a.jsonl").write_text("")
+    out = tmp_path / "analytics"
+    book = manifest.load_manifest(str(out))
+    for day in days[:2]:  # days[1]'s partition directory is missing: not durable
+        manifest.set_day_entry(book, str(events), day, {"dir": f"compacted/k/{day}.x",
+                                                        "empty": True, "files": {}})
+    (out / "compacted" / "k" / f"{days[0]}.x").mkdir(parents=True)
+    Path(manifest.manifest_path(str(out))).write_text(json.dumps(book))
+    code, _, _ = run_cleaner(tmp_path, "ALLQUEUES")
+    assert code == 0
+    assert sorted(p.name for p in events.iterdir()) == sorted(days[1:])
+
+
 def load_cleaner():  # type: ignore[no-untyped-def]
     """The script as a module (it imports its neighbour rq.builtin.jobio)."""
     from rq.builtin import cleaner

@@ -176,6 +176,25 @@ def test_whole_rq_page_shows_numbers_and_charts(result_root: Path, client: Flask
     assert 'href="/q/test/stats"' in html  # the per-queue table
 
 
+def test_run_line_says_when_and_from_how_many_events(result_root: Path,
+                                                    client: FlaskClient) -> None:
+    """Issue 19: the Stats page says when the data was computed, from how many events, and
+    whether the run was incremental (compacted days) or a full recompute."""
+    publish(result_root, {"summary.json": {**summary(), "compaction": {
+        "mode": "incremental", "days_read": 29, "days_compacted_now": 1, "raw_files": 3}},
+        "hourly.json": HOURLY})
+    info = re.search(r'<p class="run-line" id="run-info">(.*?)</p>', page(client, "/stats"), re.S)
+    assert info is not None
+    line = " ".join(re.sub(r"<[^>]+>", "", info.group(1)).split())
+    assert 'data-epoch="1763787600.0"' in info.group(1)
+    assert "from 3,722 events (incremental: 29 compacted days)" in line
+    shutil.rmtree(result_root / "analytics")
+    publish(result_root, {"summary.json": {**summary(), "compaction": {"mode": "full"}},
+                          "hourly.json": HOURLY})
+    assert "from 3,722 events (full recompute)" in " ".join(
+        re.sub(r"<[^>]+>", "", page(client, "/stats")).split())
+
+
 def test_queue_page_shows_that_queue_only(result_root: Path, client: FlaskClient) -> None:
     publish(result_root, {"summary.json": summary(), "hourly.json": HOURLY})
     html = page(client, "/q/test/stats")

@@ -174,7 +174,11 @@ def run_view(summary: dict[str, Any]) -> dict[str, Any]:
     """The run's own facts: id, time, window, inputs and line counts."""
     lines = mapping(summary.get("lines"))
     reasons = mapping(lines.get("skipped_by_reason"))
-    return {"run_id": text(summary.get("run_id")), "generated_at": num(summary.get("generated_at")),
+    compaction = mapping(summary.get("compaction"))
+    return {"events": count(mapping(summary.get("total")).get("events")),
+            "mode": text(compaction.get("mode")) or None,
+            "days_read": count(compaction.get("days_read")),
+            "run_id": text(summary.get("run_id")), "generated_at": num(summary.get("generated_at")),
             "duration_s": num(summary.get("duration_s")), "since": num(summary.get("since")),
             "until": num(summary.get("until")), "master": text(summary.get("master")),
             "inputs": [text(i) for i in summary.get("inputs") or [] if isinstance(i, str)]

@@ -136,21 +136,26 @@ def read_text(spark: SparkSession, uris: list[str]) -> DataFrame:
     return spark.read.option("lineSep", "\n").text(uris)
 
 
-def read_lines(spark: SparkSession, files: list[EventFile]) -> DataFrame:
-    """Lines of `files` as (value, torn, pos): `pos` grows along each file."""
+def read_lines(spark: SparkSession, files: list[EventFile], with_file: bool = False) -> DataFrame:
+    """Lines of `files` as (value, torn, pos): `pos` grows along each file.  `with_file` adds
+    `file`, the path of the line's file (compaction partitions by it)."""
     whole = [f.uri for f in files if not f.torn_tail]
     torn = [f.uri for f in files if f.torn_tail]
+    extra = ["file"] if with_file else []
     parts: list[Any] = []
     if whole:
         parts.append(read_text(spark, whole).select(
-            "value", F.lit(False).alias("torn"), F.monotonically_increasing_id().alias("pos")))
+            "value", F.lit(False).alias("torn"), F.monotonically_increasing_id().alias("pos"),
+            *([F.col("_metadata.file_path").alias("file")] if with_file else [])))
     if torn:
         lines = read_text(spark, torn).select(
             "value", F.col("_metadata.file_path").alias("file"),
             F.monotonically_increasing_id().alias("pos"))
-        parts.append(transform.mark_torn_tail(lines).select("value", "torn", "pos"))
+        parts.append(transform.mark_torn_tail(lines).select("value", "torn", "pos", *extra))
     if not parts:
-        return spark.createDataFrame([], LINES_SCHEMA)
+        schema = StructType([*LINES_SCHEMA.fields, StructField("file", StringType())]) \
+            if with_file else LINES_SCHEMA
+        return spark.createDataFrame([], schema)
     out = parts[0]
     for part in parts[1:]:
         out = out.unionByName(part)

@@ -33,6 +33,7 @@ class Options:
     until: float | None = None
     master: str = DEFAULT_MASTER
     conf: Mapping[str, str] = field(default_factory=dict)
+    full: bool = False      # issue 19: recompute from the raw event log, ignoring compaction
 
 
 def parse_time(flag: str, text: str, now: float) -> float:
@@ -92,7 +93,8 @@ def parse_options(root: str | None, flags: Mapping[str, Any], now: float) -> Opt
         since=parse_time("since", since[-1], now) if since else None,
         until=parse_time("until", until[-1], now) if until else None,
         master=master[-1] if master else DEFAULT_MASTER,
-        conf=parse_conf(as_list(flags.get("conf"))))
+        conf=parse_conf(as_list(flags.get("conf"))),
+        full=flags.get("full") not in (None, False, "false", "0", "no"))
     if opts.since is not None and opts.until is not None and opts.since >= opts.until:
         raise AnalyticsError("--since must be before --until")
     return opts
@@ -110,21 +112,24 @@ def run(spark: Any, opts: Options, *, now: float | None = None) -> tuple[str, di
     clock = time.monotonic()
     out = load.output_dir(opts.output)
     run_id = load.new_run_id(started)
-    files = extract.list_inputs(spark, list(opts.inputs), opts.since, opts.until)
     # One pass over the lines: they are checked, counted (observe) and fed to the per-message
     # shuffle together; only the much smaller message table is cached.
     # (An input with no lines at all is planned as an empty relation, which never fills an
     # Observation: it is counted as zero lines instead.)
     observed = Observation("lines")
-    readable = [f for f in files if f.size > 0]
-    checked = T.check_lines(extract.read_lines(spark, readable))
+    parts, compaction = checked_parts(spark, opts, out, started)
+    stages = {"compact": round(time.monotonic() - clock, 3)}
+    readable = bool(parts)
+    checked = parts[0] if parts else T.check_lines(extract.read_lines(spark, []))
+    for part in parts[1:]:
+        checked = checked.unionByName(part)
     if readable:
         checked = checked.observe(observed, *T.line_count_columns())
     messages = T.message_table(T.window_events(checked, opts.since, opts.until)).persist(
         StorageLevel.MEMORY_AND_DISK)
     msg_rows = T.rows(T.message_stats(messages))
     line_counts = observed.get if readable else {}
-    stages = {"read_check_messages": round(time.monotonic() - clock, 3)}
+    stages["read_check_messages"] = round(time.monotonic() - clock - stages["compact"], 3)
     span_rows = T.rows(T.span_stats(messages))
     errors = T.error_table(messages).persist()
     queue_errors = T.rows(T.top_errors(errors))
@@ -147,13 +152,31 @@ def run(spark: Any, opts: Options, *, now: float | None = None) -> tuple[str, di
             "until": opts.until, "inputs": list(opts.inputs), "master": opts.master}
     result = summary.build(meta, line_counts, msg_rows, span_rows, queue_errors, total_errors,
                            slow_rows)
-    result["files"] = len(files)
+    result["files"] = compaction.pop("files")
+    result["compaction"] = compaction
     result["stages_s"] = stages
     load.write_json(os.path.join(work, "hourly.json"), hourly)
     load.write_json(os.path.join(work, "summary.json"), result)
     final = load.publish(out, run_id)
     load.prune(out, time.time())
     return final, result
+
+
+def checked_parts(spark: Any, opts: Options, out: str, now: float
+                  ) -> tuple[list[Any], dict[str, Any]]:
+    """The checked lines to analyse, as DataFrames to union: the raw event log (`--full`), or
+    compacted days plus raw files not compacted yet (issue 19, rq.analytics.compact)."""
+    from rq.analytics import compact, extract
+    from rq.analytics import transform as T
+
+    if not opts.full:
+        parts, figures = compact.incremental_input(
+            spark, list(opts.inputs), opts.since, opts.until, out, now)
+        return parts, {"mode": "incremental", **figures}
+    files = extract.list_inputs(spark, list(opts.inputs), opts.since, opts.until)
+    readable = [f for f in files if f.size > 0]
+    parts = [T.check_lines(extract.read_lines(spark, readable))] if readable else []
+    return parts, {"mode": "full", "files": len(files)}
 
 
 HOURLY_SCHEMA = ("queue string, hour long, done long, err long, relayed long, deleted long, "
@@ -183,25 +206,32 @@ def short_error(exc: BaseException) -> str:
     return first[:400]
 
 
-def main(root: str | None, flags: Mapping[str, Any], out: TextIO) -> int:
-    """`rq analytics`: run the job, print three lines; errors raise AnalyticsError."""
-    final, result = execute(root, flags)
+def main(root: str | None, flags: Mapping[str, Any], out: TextIO,
+         err: TextIO | None = None) -> int:
+    """`rq analytics`: run the job, print three lines; errors raise AnalyticsError.  On a
+    terminal `err` shows the stages' progress meanwhile (rq.analytics.progress)."""
+    final, result = execute(root, flags, progress_to=err)
     for line in report_lines(final, result):
         print(line, file=out)
     return 0
 
 
-def execute(root: str | None, flags: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+def execute(root: str | None, flags: Mapping[str, Any], progress_to: TextIO | None = None
+            ) -> tuple[str, dict[str, Any]]:
     """Options from `flags`, a session, one run; the JVM's output goes to
     ROOT/log/analytics-spark.log.  Every failure is an AnalyticsError (one line)."""
-    from rq.analytics import session
+    from rq.analytics import progress, session
 
     opts = parse_options(root, flags, time.time())
     log_path = os.path.join(root, "log", "analytics-spark.log") if root and os.path.isdir(
         os.path.join(root, "log")) else None
     with session.spark_session(opts.master, opts.conf, log_path=log_path) as spark:
         try:
-            final, result = run(spark, opts)
+            if progress_to is None:
+                final, result = run(spark, opts)
+            else:
+                with progress.progress(spark, progress_to, os.environ):
+                    final, result = run(spark, opts)
         except AnalyticsError:
             raise
         except Exception as exc:  # noqa: BLE001 -- Spark failures become one line

@@ -76,8 +76,9 @@ def mark_torn_tail(lines: DataFrame) -> DataFrame:
             .withColumn("torn", F.col("pos") == F.col("_last")).drop("_last"))
 
 
-def check_lines(lines: DataFrame) -> DataFrame:
-    """S13.4: `reason` (torn, layout, crc, json or null when valid) plus the payload's fields."""
+def check_lines(lines: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
+    """S13.4: `reason` (torn, layout, crc, json or null when valid) plus the payload's fields
+    (and the columns `keep` of `lines`, passed through)."""
     v = F.col("value")
     # Byte positions throughout (S13.2 places PAYLOAD at byte offset 28): Spark's string
     # substring and length count characters, a scan of the whole line per call, which made
@@ -97,20 +98,21 @@ def check_lines(lines: DataFrame) -> DataFrame:
     cut = lines.select(
         pos.alias("pos"), F.coalesce(F.col("torn"), F.lit(False)).alias("_torn"),
         layout.alias("_layout"), F.when(layout, crc_hex).alias("_hex"),
-        F.when(layout, payload).alias("_p"))
+        F.when(layout, payload).alias("_p"), *keep)
     # Compared as numbers (the layout check has made the text 8 lowercase hex digits): about
     # twice as fast as formatting every CRC as text.
     crc_ok = F.crc32("_p") == F.conv("_hex", 16, 10).cast("long")
     event = F.from_json(F.col("_p").cast("string"), EVENT_SCHEMA,
                         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
     parsed = cut.select("pos", "_torn", "_layout", F.when(F.col("_layout"), crc_ok).alias("_crc"),
-                        F.when(F.col("_layout"), event).alias("e"))
+                        F.when(F.col("_layout"), event).alias("e"), *keep)
     e = F.col("e")
     json_ok = (e[CORRUPT].isNull() & e["ts"].isNotNull() & e["queue"].isNotNull()
                & e["msg_id"].isNotNull() & e["to"].isNotNull())
     reason = (F.when(F.col("_torn"), "torn").when(~F.col("_layout"), "layout")
               .when(~F.col("_crc"), "crc").when(~json_ok, "json"))
-    return parsed.select(reason.alias("reason"), "pos", *[e[f].alias(f) for f in EVENT_FIELDS])
+    return parsed.select(reason.alias("reason"), "pos", *[e[f].alias(f) for f in EVENT_FIELDS],
+                         *keep)
 
 
 REASONS = ("torn", "layout", "crc", "json")

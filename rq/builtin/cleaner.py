@@ -183,13 +183,40 @@ def event_retention_days(root: str) -> int:
     return value
 
 
-def prune_events(events_dir: str, now: float, days: int) -> int:
-    """Delete log/events/YYYYMMDD/ days that ended at least `days` days ago (0 = never)."""
+def compacted_days(analytics_dir: str, events_dir: str) -> set[str] | None:
+    """Days of `events_dir` that the analytics job has compacted durably (issue 19): listed in
+    its manifest (docs/analytics.md) with their Parquet directory in place.  None when nothing
+    was ever compacted there (retention then works as before).  Read here with the stdlib only,
+    the file's format being owned by rq.analytics.manifest."""
+    try:
+        with open(os.path.join(analytics_dir, "compacted", "manifest.json"),
+                  encoding="utf-8") as f:
+            book = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return set()  # unreadable: hold every day back until the job rewrites it
+    want = os.path.abspath(events_dir)
+    for tree in (book.get("trees") or {}).values():
+        if isinstance(tree, dict) and tree.get("events_dir") == want:
+            return {day for day, entry in (tree.get("days") or {}).items()
+                    if os.path.isdir(os.path.join(analytics_dir, str(entry.get("dir"))))}
+    return set()
+
+
+def prune_events(events_dir: str, now: float, days: int, analytics_dir: str | None = None) -> int:
+    """Delete log/events/YYYYMMDD/ days that ended at least `days` days ago (0 = never); once
+    the analytics job compacts (ROOT/analytics, issue 19), only days whose partition is durable."""
     if days <= 0:
         return 0
+    if analytics_dir is None:
+        analytics_dir = os.path.join(os.path.dirname(os.path.dirname(events_dir)), "analytics")
+    durable = compacted_days(analytics_dir, events_dir)
     removed = 0
     for day, day_dir in subdirs(events_dir, DAY_RE):
         start = day_start(day)
+        if durable is not None and day not in durable:
+            continue
         if start is not None and start + 86400 <= now - days * 86400:
             removed += remove_tree(day_dir)
     return removed

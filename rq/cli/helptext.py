@@ -124,7 +124,8 @@ COMMANDS: dict[str, tuple[str, Mapping[str, tuple[str, str]], str]] = {
                   "--input /srv/rq/log/events"),
         "output": ("where the result goes (default the root's)", "--output ./analytics-result"),
         "master": ("the Spark master (default local[2])", "--master spark://host:7077"),
-        "conf": ("a Spark setting key=value (repeatable)", "--conf spark.driver.memory=2g")},
+        "conf": ("a Spark setting key=value (repeatable)", "--conf spark.driver.memory=2g"),
+        "full": ("recompute from the raw event log, ignoring the compacted days", "--full")},
         "rq analytics --since 2026-11-01"),
     "reserve": ("take a message of a pull queue (S8.2)", {
         "pattern": PATTERN,

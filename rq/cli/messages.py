@@ -269,9 +269,9 @@ def fsck(inv: Invocation) -> int:
     return fsck_mod.main(inv.root, inv.out, inv.err)
 
 
-@command("analytics", "since", "until", "input", "output", "master", "conf")
+@command("analytics", "since", "until", "input", "output", "master", "conf", "full")
 def analytics(inv: Invocation) -> int:
     """Issue 5: the PySpark job over the event log (docs/analytics.md)."""
     from rq.analytics import job  # imported lazily: pyspark is heavy and needs Java
 
-    return job.main(inv.root, inv.flags, inv.out)
+    return job.main(inv.root, inv.flags, inv.out, inv.err)

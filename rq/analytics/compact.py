@@ -1,0 +1,176 @@
+"""Compaction and the incremental input of the analytics job (issue 19).
+
+Owns the Parquet side of rq.analytics.manifest: finished UTC days of local event logs (S13.1) are
+checked once (S13.4, the same `transform.check_lines` as a full run) and written, every checked
+line with its `reason` (so skipped lines are still counted), under
+`OUT/compacted/<events-key>/<DAY>.<token>/src_queue=<QUEUE>/` (partitions by day and by the
+queue file the lines came from).  A day's directory is built in a private staging directory,
+fsynced, renamed into place, and only then named in the manifest; the directory it replaces is
+removed after that.  `incremental_input` returns the checked lines of a run: compacted days read
+back from Parquet plus the raw files not compacted (today, days not finished yet, remote
+inputs), so everything downstream (per-message state spanning days, the aggregates) is computed
+exactly as in a full run.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from rq.analytics import extract, load, manifest
+from rq.analytics import transform as T
+
+CHECKED_SCHEMA = StructType([StructField("reason", StringType()), StructField("pos", LongType()),
+                             *[f for f in T.EVENT_SCHEMA.fields if f.name != T.CORRUPT]])
+DAY_OF_FILE = r"/(\d{8})/[^/]+\.jsonl$"
+QUEUE_OF_FILE = r"/([^/]+)\.jsonl$"
+
+
+@dataclass
+class Plan:
+    """What a run reads: compacted day directories, raw files, days to compact first."""
+    compacted: list[str] = field(default_factory=list)        # paths under OUT
+    raw: list[extract.EventFile] = field(default_factory=list)
+    to_compact: list[tuple[str, str, list[extract.EventFile]]] = field(default_factory=list)
+    files: int = 0                                             # source files behind it all
+
+
+def group_by_day(files: list[extract.EventFile]) -> dict[tuple[str, str], list[extract.EventFile]]:
+    """(events dir, day) → its local files."""
+    days: dict[tuple[str, str], list[extract.EventFile]] = {}
+    for f in files:
+        day_dir = os.path.dirname(extract.local_path(f.uri))
+        days.setdefault((os.path.dirname(day_dir), os.path.basename(day_dir)), []).append(f)
+    return days
+
+
+def make_plan(spark: SparkSession, inputs: list[str], since: float | None, until: float | None,
+              out: str, now: float) -> Plan:
+    plan = Plan()
+    book = manifest.load_manifest(out)
+    for uri in inputs:
+        if not extract.is_local(uri):
+            plan.raw += extract.list_remote(spark, uri, since, until)
+            continue
+        events_dir = extract.events_dir_local(extract.local_path(uri))
+        days = group_by_day(extract.list_local(uri, since, until))
+        tree = book["trees"].get(manifest.events_key(events_dir), {"days": {}})
+        for day in tree["days"]:  # raw days removed by retention after compaction
+            if extract.day_wanted(day, since, until):
+                days.setdefault((events_dir, day), [])
+        for (_, day), files in sorted(days.items()):
+            plan_day(plan, book, out, events_dir, day, files, now)
+    return plan
+
+
+def plan_day(plan: Plan, book: dict[str, Any], out: str, events_dir: str, day: str,
+             files: list[extract.EventFile], now: float) -> None:
+    entry = manifest.day_entry(book, events_dir, day)
+    start = extract.day_start(day)
+    if manifest.day_fresh(entry, os.path.join(events_dir, day), out):
+        assert entry is not None
+        plan.files += len(entry["files"])
+        if not entry.get("empty"):
+            plan.compacted.append(os.path.join(out, entry["dir"]))
+    elif start is not None and manifest.day_finished(start, now):
+        plan.to_compact.append((events_dir, day, files))
+        plan.files += len(files)
+    else:
+        plan.raw += files
+        plan.files += len(files)
+
+
+def compact(spark: SparkSession, out: str,
+            days: list[tuple[str, str, list[extract.EventFile]]]) -> list[str]:
+    """Check and write `days` as Parquet, publish them in the manifest; their directories."""
+    files = [f for _, _, day_files in days for f in day_files if f.size > 0]
+    records = {f.uri: manifest.source_record(extract.local_path(f.uri), f.size)
+               for _, _, day_files in days for f in day_files}
+    token = secrets.token_hex(4)
+    staging = os.path.join(manifest.compacted_dir(out), f".staging-{token}")
+    if files:
+        checked = T.check_lines(extract.read_lines(spark, files, with_file=True), ("file",))
+        (checked.select(*CHECKED_SCHEMA.fieldNames(),
+                        F.regexp_extract("file", DAY_OF_FILE, 1).alias("day"),
+                        F.regexp_extract("file", QUEUE_OF_FILE, 1).alias("src_queue"))
+         .write.partitionBy("day", "src_queue").parquet("file://" + staging))
+    os.makedirs(staging, exist_ok=True)
+    book = manifest.load_manifest(out)
+    replaced, made = [], []
+    for events_dir, day, day_files in days:
+        rel = os.path.join("compacted", manifest.events_key(events_dir), f"{day}.{token}")
+        built = os.path.join(staging, f"day={day}")
+        empty = not os.path.isdir(built)
+        os.makedirs(built, exist_ok=True)
+        load.fsync_tree(built)
+        os.makedirs(os.path.dirname(os.path.join(out, rel)), exist_ok=True)
+        os.rename(built, os.path.join(out, rel))
+        load.fsync_path(os.path.dirname(os.path.join(out, rel)))
+        old = manifest.day_entry(book, events_dir, day)
+        if old:
+            replaced.append(old["dir"])
+        manifest.set_day_entry(book, events_dir, day, {
+            "dir": rel, "empty": empty,
+            "files": {os.path.basename(extract.local_path(f.uri)): records[f.uri]
+                      for f in day_files}})
+        made.append(os.path.join(out, rel))
+    load.write_json(manifest.manifest_path(out), book)
+    load.fsync_path(manifest.compacted_dir(out))
+    for rel in replaced:  # only now: the manifest no longer names them
+        shutil.rmtree(os.path.join(out, rel), ignore_errors=True)
+    shutil.rmtree(staging, ignore_errors=True)
+    return made
+
+
+def sweep(out: str) -> list[str]:
+    """Remove what a run that died mid-compaction left (staging directories, day directories
+    renamed into place that the manifest never came to name).  Called under the lock."""
+    named = {entry["dir"] for tree in manifest.load_manifest(out)["trees"].values()
+             for entry in tree["days"].values()}
+    top = manifest.compacted_dir(out)
+    doomed = [os.path.join(top, n) for n in os.listdir(top) if n.startswith(".staging-")]
+    for key in os.listdir(top):
+        if os.path.isdir(os.path.join(top, key)) and not key.startswith("."):
+            doomed += [os.path.join(top, key, n) for n in os.listdir(os.path.join(top, key))
+                       if os.path.join("compacted", key, n) not in named]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def read_compacted(spark: SparkSession, dirs: list[str]) -> DataFrame:
+    """Checked lines (reason, pos, event fields) of compacted day directories."""
+    # recursiveFileLookup: no partition discovery (queue names are not typed as numbers, and
+    # the src_queue column is not needed downstream).
+    return (spark.read.schema(CHECKED_SCHEMA).option("recursiveFileLookup", "true")
+            .parquet(*["file://" + d for d in dirs]))
+
+
+def incremental_input(spark: SparkSession, inputs: list[str], since: float | None,
+                      until: float | None, out: str, now: float
+                      ) -> tuple[list[DataFrame], dict[str, int]]:
+    """The checked-line parts of an incremental run (compacting finished days first) and
+    figures for summary.json's `compaction`."""
+    with manifest.locked(out):
+        sweep(out)
+        plan = make_plan(spark, inputs, since, until, out, now)
+        fresh = compact(spark, out, plan.to_compact) if plan.to_compact else []
+        book = manifest.load_manifest(out)
+        fresh = [d for d, (ed, day, _) in zip(fresh, plan.to_compact)
+                 if not (manifest.day_entry(book, ed, day) or {}).get("empty")]
+    parts = []
+    dirs = plan.compacted + fresh
+    if dirs:
+        parts.append(read_compacted(spark, dirs))
+    raw = [f for f in plan.raw if f.size > 0]
+    if raw:
+        parts.append(T.check_lines(extract.read_lines(spark, raw)))
+    return parts, {"files": plan.files, "days_read": len(dirs),
+                   "days_compacted_now": len(plan.to_compact), "raw_files": len(plan.raw)}

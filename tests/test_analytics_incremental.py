@@ -1,0 +1,307 @@
+"""Incremental analytics over compacted history (issue 19) against the full recompute.
+
+A three-day event log (S13) with messages that span midnight, resends, lease expiries, torn and
+corrupt lines (S13.4) and lines out of ts order is analysed twice on one input: incrementally
+(finished days compacted into Parquet, today's raw lines on top) and with `--full`; every result
+file must be equal field by field.  Then a late write lands in a compacted day, which must be
+compacted again, not read stale.  One `local[1]` SparkSession serves the module; without Java the
+Spark tests skip with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rq.analytics import job, manifest, progress
+from rq.builtin import cleaner
+from rq.events import encode_event
+
+JAVA = shutil.which("java") is not None
+needs_spark = pytest.mark.skipif(not JAVA, reason="Java 17+ is not installed: Spark cannot run")
+pytestmark = pytest.mark.timeout(900)
+
+D0 = 1700006400            # 2023-11-15 00:00:00 UTC
+DAY = 86400
+NOW = D0 + 2 * DAY + 7200  # 02:00 on the third day: days 0 and 1 are finished, day 2 is not
+# Fields that describe the run, not the data: they differ between any two runs.
+RUN_FIELDS = ("run_id", "generated_at", "duration_s", "stages_s", "compaction")
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from rq.analytics import session
+    log = tmp_path_factory.mktemp("spark") / "spark.log"
+    conf = {"spark.sql.shuffle.partitions": "1",
+            "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"}
+    with session.spark_session("local[1]", conf, log_path=str(log)) as s:
+        yield s
+
+
+def ev(queue: str, msg: str, ts: float, frm: str | None, to: str, status: str | None = None,
+       duration: float | None = None) -> dict[str, Any]:
+    return {"ts": round(ts, 3), "host": "h1", "queue": queue, "msg_id": msg, "from": frm,
+            "to": to, "status": status, "count": 0, "pid": None, "exit_code": None,
+            "duration": duration}
+
+
+def message_events(rng: random.Random, queue: str, msg: str, t: float) -> list[dict[str, Any]]:
+    """One message's life from `t`: waits, runs, maybe a resend or a lease expiry, an end."""
+    out = [ev(queue, msg, t, None, "prep"), ev(queue, msg, t, "prep", "que")]
+    for attempt in range(3):
+        t += rng.uniform(0, 900)
+        out.append(ev(queue, msg, t, "que", "run"))
+        run = round(rng.uniform(0.1, 2400), 3)
+        t += run
+        kind = rng.choice(["done", "done", "err", "resend", "lease", "open"])
+        if kind == "open" and attempt == 2:
+            return out  # still running
+        if kind in ("resend", "lease") and attempt < 2:
+            status = "LEASE EXPIRED - MOVING TO QUE" if kind == "lease" else "try again"
+            out.append(ev(queue, msg, t, "run", "que", status, run))
+            continue
+        end = "err" if kind == "err" else "done"
+        out.append(ev(queue, msg, t, "run", end, "boom" if end == "err" else "ok", run))
+        if rng.random() < 0.1:
+            out.append(ev(queue, msg, t + 5, end, "deleted"))
+        return out
+    return out
+
+
+def append(tree: Path, event: dict[str, Any], data: bytes | None = None) -> Path:
+    day = time.strftime("%Y%m%d", time.gmtime(event["ts"]))
+    path = tree / "log" / "events" / day / f"{event['queue']}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as f:
+        f.write(encode_event(event) if data is None else data)
+    return path
+
+
+def write_history(tree: Path) -> None:
+    rng = random.Random(19)
+    events = []
+    for i in range(120):  # starts spread over the three days; many cross midnight
+        queue = rng.choice(["a", "b"])
+        start = D0 + rng.uniform(0, 2 * DAY + 3600)
+        events += message_events(rng, queue, f"m{i}", start)
+    events = [e for e in events if e["ts"] < NOW]
+    # Out of order: each file gets its lines shuffled in blocks, not in ts order.
+    rng.shuffle(events)
+    for e in events:
+        append(tree, e)
+    bad = ev("a", "mX", D0 + 100, None, "prep")
+    append(tree, bad, b'{"crc32":"zz","event":{}}\n')                            # layout
+    append(tree, bad, encode_event(bad).replace(b'"mX"', b'"mY"'))             # crc
+    append(tree, bad, b'{"crc32":"%08x","event":[1]}\n' % __import__("zlib").crc32(b"[1]"))
+    # a torn tail at the end of a finished day's file (S13.4) and of today's
+    append(tree, ev("b", "mT", D0 + DAY - 1, None, "prep"),
+           encode_event(ev("b", "mT", D0 + DAY - 1, None, "prep"))[:30])
+    append(tree, ev("a", "mU", NOW - 60, None, "prep"),
+           encode_event(ev("a", "mU", NOW - 60, None, "prep"))[:50])
+
+
+def analyse(spark: Any, tree: Path, out: Path, *, full: bool, since: float | None = None,
+            until: float | None = None) -> dict[str, Any]:
+    opts = job.Options(inputs=(str(tree),), output=str(out), since=since, until=until,
+                       master="local[1]", full=full)
+    final, _ = job.run(spark, opts, now=NOW)
+    summary = json.loads(Path(final, "summary.json").read_text())
+    tables = {name: sorted(tuple(sorted(r.asDict(recursive=True).items())) for r in
+                           spark.read.parquet("file://" + os.path.join(final, name)).collect())
+              for name in ("messages", "errors", "hourly")}
+    return {"summary": summary, "hourly.json": json.loads(Path(final, "hourly.json").read_text()),
+            **tables}
+
+
+def assert_same(incremental: dict[str, Any], full: dict[str, Any]) -> None:
+    assert incremental["summary"]["compaction"]["mode"] == "incremental"
+    assert full["summary"]["compaction"]["mode"] == "full"
+    for name in ("messages", "errors", "hourly", "hourly.json"):
+        assert incremental[name] == full[name], name
+    a = {k: v for k, v in incremental["summary"].items() if k not in RUN_FIELDS}
+    b = {k: v for k, v in full["summary"].items() if k not in RUN_FIELDS}
+    for key in sorted(set(a) | set(b)):
+        assert a.get(key) == b.get(key), key
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tree = tmp_path_factory.mktemp("hist") / "root"
+    write_history(tree)
+    return tree
+
+
+@needs_spark
+def test_incremental_equals_full_and_compacts_finished_days(spark: Any, history: Path,
+                                                            tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    first = analyse(spark, history, out, full=False)
+    comp = first["summary"]["compaction"]
+    assert comp["days_compacted_now"] == 2 and comp["raw_files"] == 2  # today's a and b
+    again = analyse(spark, history, out, full=False)  # now read back from Parquet
+    assert again["summary"]["compaction"]["days_compacted_now"] == 0
+    assert again["summary"]["compaction"]["days_read"] == 2
+    full = analyse(spark, history, out, full=True)
+    assert_same(first, full)
+    assert_same(again, full)
+    lines = full["summary"]["lines"]["skipped_by_reason"]
+    assert lines == {"torn": 2, "layout": 1, "crc": 1, "json": 1}
+    spans = [m for m in full["messages"] if dict(m)["final_state"] and
+             int(dict(m)["first_ts"] // DAY) != int(dict(m)["final_ts"] // DAY)]
+    assert spans, "the history must have messages that end on a later day"
+
+
+@needs_spark
+def test_since_until_on_both_paths(spark: Any, history: Path, tmp_path: Path) -> None:
+    window = {"since": D0 + DAY - 3600, "until": D0 + 2 * DAY + 3600}
+    inc = analyse(spark, history, tmp_path / "out", full=False, **window)
+    assert inc["summary"]["since"] == window["since"]
+    assert_same(inc, analyse(spark, history, tmp_path / "out", full=True, **window))
+
+
+@needs_spark
+def test_late_write_recompacts_the_day(spark: Any, history: Path, tmp_path: Path) -> None:
+    tree = tmp_path / "root"
+    shutil.copytree(history, tree)
+    out = tmp_path / "out"
+    analyse(spark, tree, out, full=False)
+    book = manifest.load_manifest(str(out))
+    events_dir = str(tree / "log" / "events")
+    day0 = time.strftime("%Y%m%d", time.gmtime(D0))
+    entry = manifest.day_entry(book, events_dir, day0)
+    assert entry is not None and set(entry["files"]) == {"a.jsonl", "b.jsonl"}
+    path = tree / "log" / "events" / day0 / "a.jsonl"
+    assert entry["files"]["a.jsonl"]["size"] == path.stat().st_size
+    # A late writer appends to day 0 (its torn tail was in b.jsonl: this one is whole).
+    append(tree, ev("a", "late1", D0 + DAY - 2, None, "prep"))
+    # What a run killed mid-compaction leaves is swept by the next one.
+    leftovers = [out / "compacted" / ".staging-dead" / "day=20231115",
+                 out / "compacted" / manifest.events_key(events_dir) / f"{day0}.dead"]
+    for left in leftovers:
+        left.mkdir(parents=True)
+    inc = analyse(spark, tree, out, full=False)
+    assert not any(left.exists() for left in leftovers)
+    assert inc["summary"]["compaction"]["days_compacted_now"] == 1
+    assert any(dict(m)["msg_id"] == "late1" for m in inc["messages"])
+    new_entry = manifest.day_entry(manifest.load_manifest(str(out)), events_dir, day0)
+    assert new_entry is not None and new_entry["dir"] != entry["dir"]
+    assert not (out / entry["dir"]).exists() and (out / new_entry["dir"]).is_dir()
+    assert_same(inc, analyse(spark, tree, out, full=True))
+    # Touched but unchanged (same size, same content hash): not compacted again.
+    os.utime(path, (time.time() + 5, time.time() + 5))
+    assert analyse(spark, tree, out, full=False)["summary"]["compaction"][
+        "days_compacted_now"] == 0
+
+
+@needs_spark
+def test_retention_waits_for_compaction_then_partitions_stand_in(spark: Any, history: Path,
+                                                                 tmp_path: Path) -> None:
+    tree = tmp_path / "root"
+    shutil.copytree(history, tree)
+    events_dir = tree / "log" / "events"
+    out = tree / "analytics"
+    day0 = time.strftime("%Y%m%d", time.gmtime(D0))
+    before = analyse(spark, tree, out, full=False)
+    # Day 1 is not compacted (its entry is dropped): retention must keep its raw files.
+    book = manifest.load_manifest(str(out))
+    day1 = time.strftime("%Y%m%d", time.gmtime(D0 + DAY))
+    del book["trees"][manifest.events_key(str(events_dir))]["days"][day1]
+    Path(manifest.manifest_path(str(out))).write_text(json.dumps(book))
+    removed = cleaner.prune_events(str(events_dir), NOW + 3 * DAY, 1)
+    assert removed >= 1 and not (events_dir / day0).exists() and (events_dir / day1).is_dir()
+    after = analyse(spark, tree, out, full=False)  # day 0 from its partition only
+    assert after["summary"]["compaction"]["days_compacted_now"] == 1  # day 1 again
+    for name in ("messages", "errors", "hourly", "hourly.json"):
+        assert after[name] == before[name], name
+    assert after["summary"]["lines"] == before["summary"]["lines"]
+    assert after["summary"]["files"] == before["summary"]["files"]
+
+
+def test_full_flag_parses() -> None:
+    assert job.parse_options("/r", {"full": True}, 0).full
+    assert not job.parse_options("/r", {}, 0).full
+
+
+# ---------------------------------------------------------------- terminal progress
+
+
+def run_cli(args: list[str], cwd: Path, *, tty: bool) -> tuple[int, str, str]:
+    """`python -m rq.analytics ARGS` with stderr on a pseudo-terminal (tty) or a pipe."""
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    from rqtest import REPO
+
+    env = {k: v for k, v in os.environ.items() if k != "RQ_MSG_DIR"}
+    env["PYTHONPATH"] = str(REPO)
+    cmd = [sys.executable, "-m", "rq.analytics", *args]
+    if not tty:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+        return done.returncode, done.stdout, done.stderr
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave,
+                            env=env, cwd=cwd)
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if not ready:
+            if proc.poll() is not None:
+                break
+            continue
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, out.decode(), seen.decode(errors="replace")
+
+
+@needs_spark
+def test_progress_shows_on_a_terminal_only(history: Path, tmp_path: Path) -> None:
+    from rqtest import make_root
+    args = ["--root", str(make_root(tmp_path)), "--input", str(history), "--master", "local[1]",
+            "--conf", "spark.driver.extraJavaOptions=-XX:+UseSerialGC -XX:TieredStopAtLevel=1"]
+    rc, out, term = run_cli([*args, "--output", str(tmp_path / "a")], tmp_path, tty=True)
+    assert rc == 0, term
+    assert "published" in out
+    assert "tasks" in term and "%|" in term and "stage " in term, term
+    rc, out, err = run_cli([*args, "--output", str(tmp_path / "b"), "--full"], tmp_path, tty=False)
+    assert rc == 0 and "published" in out
+    assert "tasks" not in err and "%|" not in err, err
+
+
+@pytest.mark.parametrize(("stages", "shown"), [
+    ([], ("starting", 0, 0)),
+    ([progress.Stage(3, "parquet at NativeMethodAccessorImpl.java:0", 8, 2)],
+     ("stage 3 parquet", 8, 2)),
+    ([progress.Stage(5, "collect at x", 4, 4), progress.Stage(4, "run at y", 2, 1)],
+     ("stage 4 run +1", 6, 5)),
+])
+def test_progress_describes_active_stages(stages: list[Any], shown: tuple[str, int, int]) -> None:
+    assert progress.describe(stages) == shown
+
+
+def test_progress_only_on_a_terminal_outside_queue_jobs() -> None:
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+    assert progress.wanted(Tty(), {})  # type: ignore[arg-type]
+    assert not progress.wanted(Tty(), {"RQ_MSG_DIR": "/x/job"})  # type: ignore[arg-type]
+    with open(os.devnull, "w") as devnull:
+        assert not progress.wanted(devnull, {})
