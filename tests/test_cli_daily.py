@@ -85,9 +85,10 @@ def test_queues_as_json(rig: Rig) -> None:
 
 
 def test_reserve_as_json(rig: Rig) -> None:
-    """A pull queue made with `rq createqueue --mode pull` (S8.1); `reserve --json` prints
-    null when nothing is there, else the S8.2 reservation alone."""
-    assert rig.rq("createqueue", "--name", "pq", "--mode", "pull").triple == (
+    """A pull queue made with `rq createqueue --queue pq --mode pull` (S8.1; `--queue` is
+    taken as `--name`); `reserve --json` prints null when nothing is there, else the S8.2
+    reservation alone."""
+    assert rig.rq("createqueue", "--queue", "pq", "--mode", "pull").triple == (
         0, "ok pq running\n", "")
     try:
         assert json_out(rig, "reserve", "--pattern", "pq") is None

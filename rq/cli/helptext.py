@@ -105,7 +105,9 @@ COMMANDS: dict[str, tuple[str, Mapping[str, tuple[str, str]], str]] = {
         "op": ("pause | resume | down | up | restart", "--op pause")},
         "rq admin --queue video --op pause"),
     "createqueue": ("create a queue from flags or a JSON file, and start it", {
-        "name": ("the new queue's name (S3.1)", "--name video"), **CONFIG},
+        "name": ("the new queue's name (S3.1)", "--name video"),
+        "queue": ("the same as --name, as the other queue commands spell it", "--queue video"),
+        **CONFIG},
         "rq createqueue --name video --script /srv/rq/bin/video.sh --num_workers 2"),
     "configqueue": ("change a queue's config (validated, then reloaded)", {
         "queue": ("the queue's name", "--queue video"), **CONFIG},

@@ -118,12 +118,14 @@ def wait_running(inv: Invocation, name: str) -> None:
         raise CliError(f"queue {name} created but not running ({child.get('state')}{why})")
 
 
-@command("createqueue", "name", *CONFIG_FLAGS)
+@command("createqueue", "name", "queue", *CONFIG_FLAGS)
 def createqueue(inv: Invocation) -> int:
-    """`ok NAME running` once the new queue's process is RUNNING."""
+    """`ok NAME running` once the new queue's process is RUNNING.  `--queue` is taken
+    as `--name`, as every other queue command names its queue by `--queue`."""
     config = given_config(inv, {})
-    if "name" in inv.flags:
-        config["name"] = require(inv, "name")
+    for flag in ("queue", "name"):  # --name wins when both are given
+        if flag in inv.flags:
+            config["name"] = require(inv, flag)
     name = config.get("name")
     if not isinstance(name, str) or not name:
         raise CliError("missing required argument --name (or a \"name\" in --file)")
