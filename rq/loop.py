@@ -22,7 +22,6 @@ class Loop:
         self.selector = selectors.DefaultSelector()
         self._sig_r, self._sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._wake_pending = False
         self.selector.register(self._sig_r, selectors.EVENT_READ, None)
         self.selector.register(self._wake_r, selectors.EVENT_READ, None)
         signal.set_wakeup_fd(self._sig_w, warn_on_full_buffer=False)
@@ -39,14 +38,7 @@ class Loop:
             pass
 
     def wake(self) -> None:
-        """Ask the loop for a pass; safe from any thread.  A wake already
-        written and not yet read is not written again (issue 15: a job start,
-        a reply and a pipe line each asked for one): wait() clears the flag
-        before it reads the pipe, so a wake that finds it set is one whose
-        byte the loop has yet to read, and the pass after that read follows it."""
-        if self._wake_pending:
-            return
-        self._wake_pending = True
+        """Ask the loop for a pass; safe from any thread."""
         try:
             os.write(self._wake_w, b"w")
         except BlockingIOError:
@@ -60,7 +52,6 @@ class Loop:
             if key.fd == self._sig_r:
                 got.extend(_drain(self._sig_r))
             elif key.fd == self._wake_r:
-                self._wake_pending = False
                 _drain(self._wake_r)
             elif key.data is not None:
                 key.data(key.fd)

@@ -503,8 +503,11 @@ def run_chunk(job: tuple[str, list[Req], list[bytes]]) -> tuple[int, dict[int, i
 
 def run_requests(root: Path, reqs: list[Req], secrets: list[bytes], workers: int = 3) -> Audit:
     """All `reqs` through the Flask test client, spread over worker processes (the
-    machine has two cores and every request waits on the manager's socket)."""
-    ctx = multiprocessing.get_context("fork")
+    machine has two cores and every request waits on the manager's socket).  Spawned, not
+    forked: a fork of this multi-threaded process (the xdist worker's execnet threads, the
+    daemons' helper threads) can copy a lock another thread holds, and the child then waits
+    on it for ever (seen in CI: the pool's children idle until the 900 s timeout)."""
+    ctx = multiprocessing.get_context("spawn")
     chunks = [(str(root), reqs[i::workers], secrets) for i in range(workers)]
     with ctx.Pool(workers) as pool:
         results = pool.map(run_chunk, chunks)
