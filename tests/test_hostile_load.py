@@ -43,7 +43,7 @@ from typing import Any
 import psutil
 import pytest
 from rqtest import REPO, QueueProc, make_queue, make_root, wait_for
-from webtest import build_root, rq_mgr
+from webtest import build_root, http_head, rq_mgr
 
 from rq import client, protocol
 
@@ -126,16 +126,6 @@ def connect(port: int, source: str = "127.0.0.1") -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-def http_head(sock: socket.socket) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(4096)
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 def http_response(sock: socket.socket) -> tuple[int, bytes]:

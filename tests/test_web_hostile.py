@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 from rqtest import make_queue, short_id, wait_for
-from webtest import Mgr, build_root, pull_queue, web_pid
+from webtest import Mgr, build_root, http_head, pull_queue, web_pid
 
 
 LONG_SLOTS = 64  # web.limits.LONG_SLOTS, rq-web's default
@@ -80,17 +80,6 @@ def reserve_request(port: int, wait: int) -> bytes:
             ).encode() + body
 
 
-def head_of(sock: socket.socket) -> bytes:
-    """What the server has sent so far, up to the end of the headers (blocking)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(4096)
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
 def answered(socks: list[socket.socket], count: int, timeout: float) -> dict[socket.socket, bytes]:
     """The heads of the first `count` sockets that get an answer within `timeout`."""
     sel = selectors.DefaultSelector()
@@ -104,7 +93,7 @@ def answered(socks: list[socket.socket], count: int, timeout: float) -> dict[soc
                 sock = key.fileobj
                 assert isinstance(sock, socket.socket)
                 sel.unregister(sock)
-                heads[sock] = head_of(sock)
+                heads[sock] = http_head(sock)
     finally:
         sel.close()
     return heads
@@ -174,7 +163,7 @@ def open_every_long_slot(port: int, timeout: float = 15) -> float:
         while len(held) < LONG_SLOTS:
             assert time.monotonic() - start < timeout, f"only {len(held)} long slots free"
             sock = send_raw(port, sse_request(port))
-            if head_of(sock).startswith(b"HTTP/1.1 200"):
+            if http_head(sock).startswith(b"HTTP/1.1 200"):
                 held.append(sock)
             else:
                 sock.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -119,3 +120,15 @@ def pull_queue(root: Path, name: str) -> None:
         except ConnectError:
             return False
     wait_for(answers, 30, what=f"pull queue {name} to answer")
+
+
+def http_head(sock: socket.socket) -> bytes:
+    """What the server has sent so far on a raw socket, up to the end of the headers
+    (blocking; less when it closes first)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
