@@ -404,6 +404,26 @@ def test_s6_4_s6_6_completion_and_exit_rules(pipeq: QueueProc, steps: list[list[
     assert not (msg_dir / "pid").exists() and not (msg_dir / "proc.json").exists()
 
 
+def test_s6_6_a_finished_message_never_reads_as_run_again(pipeq: QueueProc) -> None:
+    """Readers outside the queue's lock (get_message_state) see each message's states in
+    order: once done, never `run` again.  (The group commit of completions once marked a
+    message `ending` just after its rename: a poll could read done, then run, then done.
+    The window is a few bytecodes wide, so this catches it only when a thread switch falls
+    there, as it did once in CI in test_s6_4_s6_6_completion_and_exit_rules.)"""
+    fulls = [create_msg(pipeq, param1=ops(["w", "done ok\n"])) for _ in range(120)]
+    seen: dict[str, list[str]] = {f: [] for f in fulls}
+
+    def poll() -> bool:
+        for full in fulls:
+            state = pipeq.state(full)
+            if state is not None and (not seen[full] or seen[full][-1] != state):
+                seen[full].append(state)
+        return all(s and s[-1] == "done" for s in seen.values())
+    wait_for(poll, 30, what="all 120 messages to be done")
+    went_back = {f[-8:]: s for f, s in seen.items() if "done" in s[:-1]}
+    assert not went_back, went_back
+
+
 def test_s6_4_final_line_is_processed_when_the_pipe_closes(pipeq: QueueProc,
                                                            tmp_path: Path) -> None:
     release = tmp_path / "release"

@@ -305,16 +305,21 @@ class QueueProcess:
             job.exited = (code, core)
             job.exit_wall = time.time()
             self.pipes.drain_at_exit(job)  # what is in the pipe now, no waiting for EOF
-            if not self.move_ended(job):
-                continue
-            assert job.outcome is not None
-            if job.dups or job.outcome.state == "que":
-                # what it changes in que/ (its dups released or finished, itself
-                # back, S5.3, S5.4) comes before the scheduler's next choice
-                self.publish_ended([job], self.sync_ended([job]))
-            else:
-                ended.append(job)
+            outcome = self.decide(job)
+            # what it changes in que/ (its dups released or finished, itself back,
+            # S5.3, S5.4) comes before the scheduler's next choice; the others share
+            # one fsync after the pass (`ending`, marked before the rename so that a
+            # reader outside the lock never sees final, then run, then final again)
+            grouped = not (job.dups or outcome.state == "que")
+            if grouped:
                 self.state.ending.add(job.msg_id)  # its slot is free for the pass
+            if not self.move_ended(job):
+                self.state.ending.discard(job.msg_id)
+                continue
+            if grouped:
+                ended.append(job)
+            else:
+                self.publish_ended([job], self.sync_ended([job]))
         return ended
 
     def check_deadlines(self, mono: float) -> None:
@@ -347,12 +352,17 @@ class QueueProcess:
         if self.move_ended(job):
             self.publish_ended([job], self.sync_ended([job]))
 
+    def decide(self, job: J.Job) -> J.Outcome:
+        """The next state of an ended job, decided once so a retry cannot change its mind."""
+        if job.outcome is None:
+            job.outcome = J.decide(job, stopping=self.state.stopping)
+        return job.outcome
+
     def move_ended(self, job: J.Job) -> bool:
         """Decide the next state of an ended job and rename its message (the
         first half of QueueState.complete); False when that hit an IO error
         (retried later)."""
-        if job.outcome is None:  # decided once, so a retry cannot change its mind
-            job.outcome = J.decide(job, stopping=self.state.stopping)
+        self.decide(job)
         try:
             self.state.complete_move(job, job.outcome)
         except OSError as exc:
@@ -375,14 +385,15 @@ class QueueProcess:
         return error
 
     def publish_ended(self, ended: list[J.Job], error: OSError | None) -> None:
-        """After sync_ended, under the lock: bookkeeping, or a retry if not durable."""
-        self.state.ending.difference_update(job.msg_id for job in ended)
+        """After sync_ended, under the lock: bookkeeping, or a retry if not durable.
+        A message leaves `ending` only after its bookkeeping (Commands.find)."""
         for job in ended:
             if job.sync_dirs and error is not None:
                 self.state.unfinished.failed(job, error, time.monotonic())
             elif job.outcome is not None:
                 self.state.complete_publish(job, job.outcome)
                 self.forget(job)
+            self.state.ending.discard(job.msg_id)
 
     def forget(self, job: J.Job) -> None:
         """A finished job leaves the table and its pipes; its group may be SIGKILLed later."""
