@@ -1,13 +1,11 @@
 """The queue process: one per queue, the only mover of its messages (S0.3.2).
 
-Owns the process: its lifecycle (start-up S2.7 through rq.queue.recovery, the
-loop S2.6, graceful stop S2.5, config reload S3.6), and its jobs as OS
-processes: spawning them (S6.1 steps 3-5), their pipes (S6.4, S6.5, through
-rq.queue.pipes), reaping them, their deadlines and kills (S6.7, S6.8), and retrying a finish
-that hit an IO error.  It wires the queue's owners together: QueueState (the
-messages' lifecycle, shared by every path), Enqueue (creates), Leases (pull
-mode), Cron (S9) and Commands (the socket's table, S7.3).  Nothing imports
-this module but the entry point.
+Owns the process: its lifecycle (start-up S2.7 through rq.queue.recovery, the loop S2.6,
+graceful stop S2.5, config reload S3.6), and its jobs as OS processes: spawning them (S6.1
+steps 3-5), their pipes (S6.4, S6.5, through rq.queue.pipes), reaping them, their deadlines
+and kills (S6.7, S6.8), and retrying a finish that hit an IO error.  It wires the queue's
+owners together: QueueState (the messages' lifecycle), Enqueue (creates), Leases (pull
+mode), Cron (S9) and Commands (the socket's table, S7.3).  Only the entry point imports it.
 """
 
 from __future__ import annotations
@@ -305,18 +303,15 @@ class QueueProcess:
             job.exited = (code, core)
             job.exit_wall = time.time()
             self.pipes.drain_at_exit(job)  # what is in the pipe now, no waiting for EOF
-            outcome = self.decide(job)
-            # what it changes in que/ (its dups released or finished, itself back,
-            # S5.3, S5.4) comes before the scheduler's next choice; the others share
-            # one fsync after the pass (`ending`, marked before the rename so that a
-            # reader outside the lock never sees final, then run, then final again)
-            grouped = not (job.dups or outcome.state == "que")
+            # que/ changes (dups released or finished, itself back: S5.3, S5.4) come before
+            # the scheduler's next choice; the others share one fsync after the pass, marked
+            # `ending` before the rename (a reader outside the lock never sees final, run, final)
+            grouped = not (job.dups or self.decide(job).state == "que")
             if grouped:
                 self.state.ending.add(job.msg_id)  # its slot is free for the pass
             if not self.move_ended(job):
                 self.state.ending.discard(job.msg_id)
-                continue
-            if grouped:
+            elif grouped:
                 ended.append(job)
             else:
                 self.publish_ended([job], self.sync_ended([job]))
@@ -352,28 +347,22 @@ class QueueProcess:
         if self.move_ended(job):
             self.publish_ended([job], self.sync_ended([job]))
 
-    def decide(self, job: J.Job) -> J.Outcome:
-        """The next state of an ended job, decided once so a retry cannot change its mind."""
-        if job.outcome is None:
-            job.outcome = J.decide(job, stopping=self.state.stopping)
+    def decide(self, job: J.Job) -> J.Outcome:  # once: a retry cannot change its mind
+        job.outcome = job.outcome or J.decide(job, stopping=self.state.stopping)
         return job.outcome
 
     def move_ended(self, job: J.Job) -> bool:
-        """Decide the next state of an ended job and rename its message (the
-        first half of QueueState.complete); False when that hit an IO error
-        (retried later)."""
-        self.decide(job)
+        """Rename an ended job's message (QueueState.complete's first half); False on IO error."""
         try:
-            self.state.complete_move(job, job.outcome)
+            self.state.complete_move(job, self.decide(job))
         except OSError as exc:
             self.state.unfinished.failed(job, exc, time.monotonic())
             return False
         return True
 
     def sync_ended(self, ended: list[J.Job]) -> OSError | None:
-        """Group commit of completions (issue 15): one fsync of each directory
-        the moves of `ended` changed (jobs ending together share their done/
-        bucket); what is left to fsync stays in each job's `sync_dirs`."""
+        """Group commit of completions (issue 15): one fsync of each directory the moves of
+        `ended` changed; what is left to fsync stays in each job's `sync_dirs`."""
         dirs = list(dict.fromkeys(d for job in ended for d in job.sync_dirs or []))
         error: OSError | None = None
         try:
@@ -385,8 +374,8 @@ class QueueProcess:
         return error
 
     def publish_ended(self, ended: list[J.Job], error: OSError | None) -> None:
-        """After sync_ended, under the lock: bookkeeping, or a retry if not durable.
-        A message leaves `ending` only after its bookkeeping (Commands.find)."""
+        """After sync_ended, under the lock: bookkeeping (then out of `ending`, see
+        Commands.find), or a retry if not durable."""
         for job in ended:
             if job.sync_dirs and error is not None:
                 self.state.unfinished.failed(job, error, time.monotonic())
