@@ -20,17 +20,22 @@ REPO = Path(__file__).resolve().parent.parent
 STATES = ("prep", "que", "run", "done", "relayed", "err")
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 15.0, interval: float = 0.01,
+def wait_for(cond: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05,
              what: str = "condition") -> Any:
-    """Poll `cond` until it returns a truthy value; fail after `timeout` seconds."""
+    """Poll `cond` until it returns a truthy value; fail after `timeout` seconds.  The
+    pause between polls starts at 2 ms and grows by half each time up to `interval`: a
+    quick condition is seen at once, a long wait costs few polls (each poll is CPU of the
+    test and of the daemon it asks, and the suite is CPU-bound: issue 14 section 4)."""
     deadline = time.monotonic() + timeout
+    pause = min(0.002, interval)
     while True:
         value = cond()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(pause)
+        pause = min(pause * 1.5, interval)
 
 
 PathT = TypeVar("PathT", str, Path)
