@@ -59,6 +59,7 @@ RETRY_PAUSE = 0.25        # seconds between passes over queues that did not answ
 RECOVER_PAUSE = 1.0       # the recovery thread's pause while journals remain
 N_LOW, N_HIGH = 10**12, 10**13  # a copy's N (S4.1): never one of a queue's own counters
 MISSING_DEST = 'input missing required "dest" parameter'
+NO_MATCH = "no queue matches pattern: "
 Reply = list[Any]
 
 
@@ -90,7 +91,7 @@ class Fanout:
         normalize_input(data, time.time())  # the S4.4 failures, before any queue is asked
         targets = self.matching_queues(dest)
         if not targets:
-            raise Fail(f"no queue matches pattern: {dest}")
+            raise Fail(f"{NO_MATCH}{dest}")
         fid = new_msg_id(time.time(), random.randrange(N_LOW, N_HIGH))
         with self._lock:
             self._live.add(fid)

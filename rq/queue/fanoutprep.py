@@ -16,15 +16,24 @@ never moves a message itself: Enqueue allocates and commits, `delete_message` re
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from rq import protocol
 from rq.errors import Fail
-
-if TYPE_CHECKING:
-    from rq.queue.commands import Commands
+from rq.queue.enqueue import Enqueue
+from rq.queue.state import QueueState
 
 FINISHING = frozenset({"fanout_commit", "fanout_abort"})  # answered while DOWN
+
+
+class Commands(Protocol):
+    """What this module uses of rq.queue.commands.Commands (which imports it)."""
+    state: QueueState
+    enqueue: Enqueue
+
+    def new_fields(self, data: Any, now: float) -> dict[str, Any]: ...
+    def msg_id(self, data: Any) -> str: ...
+    def cmd_delete_message(self, data: Any) -> Any: ...
 
 
 def prep(cmds: Commands, data: Any) -> Any:
