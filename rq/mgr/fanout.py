@@ -27,7 +27,7 @@ an `ok` is never sent before every copy is durable in que/.
 
 `kill_at` is a test seam (RQ_FANOUT_KILL in the manager's environment): the name of
 the step after which the manager SIGKILLs itself (`journal`, `prep-N`, `commit-phase`,
-`commit-N`, `done`).
+`commit-N`, `done`; `abort-N` after a refusal).
 """
 
 from __future__ import annotations
@@ -139,8 +139,9 @@ class Fanout:
             for name in list(pending):
                 if self.settle(journal["id"], name, cmd):
                     pending.remove(name)
-                    if live and cmd == "fanout_commit":
-                        self.step(f"commit-{len(journal['queues']) - len(pending)}")
+                    if live:
+                        verb = "commit" if cmd == "fanout_commit" else "abort"
+                        self.step(f"{verb}-{len(journal['queues']) - len(pending)}")
             if not pending or time.monotonic() >= deadline:
                 break
             time.sleep(RETRY_PAUSE)
