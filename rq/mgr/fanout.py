@@ -247,7 +247,7 @@ class Fanout:
         try:
             return client.call_queue(self.root, name, cmd, arg, timeout=CALL_TIMEOUT)
         except ConnectError:
-            return ["fail", f"cannot connect to queue {name}"]
+            return ["fail", "cannot connect (is the queue running?)"]
 
     def step(self, name: str) -> None:
         if self.kill_at == name:  # the test seam: a crash right after this step
