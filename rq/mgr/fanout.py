@@ -43,7 +43,7 @@ from typing import Any
 
 from rq import client, protocol
 from rq.config import load_queue_config
-from rq.errors import ConfigError, ConnectError, Fail
+from rq.errors import ConfigError, ConnectError, Fail, NoReply
 from rq.fsops import FsOps, unlink_quiet
 from rq.install import BUILTIN_QUEUES
 from rq.message import normalize_input
@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 JOURNAL_DIR = "fanout"
 CALL_TIMEOUT = 30.0       # one queue request
 COMMIT_WAIT = 30.0        # a commit phase retried this long before the reply says so
+ABORT_WAIT = 5.0          # the copies of a refused fan-out: then the recovery thread's
 RETRY_PAUSE = 0.25        # seconds between passes over queues that did not answer
 RECOVER_PAUSE = 1.0       # the recovery thread's pause while journals remain
 N_LOW, N_HIGH = 10**12, 10**13  # a copy's N (S4.1): never one of a queue's own counters
@@ -111,7 +112,9 @@ class Fanout:
             reply = self.call(name, "fanout_prep", {"msg_id": fid, "msg": msg})
             if not (isinstance(reply, list) and len(reply) >= 2 and reply[0] == "ok"):
                 log.info("fan-out %s refused by queue %s: %s", fid, name, reason(reply))
-                if not self.finish(journal, COMMIT_WAIT, live=True):
+                # A queue's own refusal made no copy; without a reply, one may exist.
+                touched = targets[:i] if reply is None else targets[:i - 1]
+                if not self.finish(journal, ABORT_WAIT, live=True, queues=touched):
                     self._wake.set()          # the recovery thread aborts the rest
                 return ["fail", f"queue {name}: {reason(reply)}"]
             ids.append(str(reply[1]))
@@ -127,13 +130,15 @@ class Fanout:
         return ["ok", ids]
 
     # ------------------------------------------------------------ finishing a journal
-    def finish(self, journal: dict[str, Any], wait: float = 0.0, *, live: bool = False) -> bool:
-        """Abort (phase prep) or commit (phase commit) every copy, passing over the
-        queues that do not answer until `wait` seconds are up; then remove the
-        journal.  True when it is done.  `live`: a fan-out of this process (its
-        steps are kill points)."""
+    def finish(self, journal: dict[str, Any], wait: float = 0.0, *, live: bool = False,
+               queues: list[str] | None = None) -> bool:
+        """Abort (phase prep) or commit (phase commit) every copy (in `queues`, by
+        default every target), passing over the queues that do not answer until `wait`
+        seconds are up; then remove the journal.  True when it is done.  `live`: a
+        fan-out of this process (its steps are kill points)."""
         cmd = "fanout_commit" if journal["phase"] == "commit" else "fanout_abort"
-        pending = list(journal["queues"])
+        todo = list(journal["queues"] if queues is None else queues)
+        pending = list(todo)
         deadline = time.monotonic() + wait
         while True:
             for name in list(pending):
@@ -141,7 +146,7 @@ class Fanout:
                     pending.remove(name)
                     if live:
                         verb = "commit" if cmd == "fanout_commit" else "abort"
-                        self.step(f"{verb}-{len(journal['queues']) - len(pending)}")
+                        self.step(f"{verb}-{len(todo) - len(pending)}")
             if not pending or time.monotonic() >= deadline:
                 break
             time.sleep(RETRY_PAUSE)
@@ -244,8 +249,12 @@ class Fanout:
         self.fs.write_file_atomic(self.path(journal["id"]), data)
 
     def call(self, name: str, cmd: str, arg: Any) -> Any:
+        """The queue's reply; a refusal when the request could not be sent; None
+        when it was sent but no reply came (it may have been acted on)."""
         try:
             return client.call_queue(self.root, name, cmd, arg, timeout=CALL_TIMEOUT)
+        except NoReply:
+            return None
         except ConnectError:
             return ["fail", "cannot connect (is the queue running?)"]
 
