@@ -257,14 +257,16 @@ def test_issue18_fanout_crash_at_each_step(tmp_path: Path, step: str, pattern: s
 
 
 def test_issue18_fanout_crash_while_aborting(tmp_path: Path) -> None:
-    """A refusal (vc DOWN) after two copies were made, and rq-mgr killed after aborting
-    the first: the restarted manager aborts the second."""
+    """A refusal (vc DOWN) while two copies were made, and rq-mgr killed after aborting
+    one of them: the journal (phase prep) stays, the restarted manager aborts the rest."""
     root = crash_root(tmp_path)
     (root / "config" / "vc.down").write_text("")
     killed_fanout(root, "abort-1", {"dest": "video.*"})
     [journal] = journals(root)
     assert json.loads(journal.read_text())["phase"] == "prep"
-    assert [len(copies(root, name)) for name in TARGETS] == [0, 1, 0]
+    # the two copies are aborted at once: one is gone, the other (unless its abort, in
+    # flight at the kill, ended first) still in prep; vc never had one
+    assert sum(len(copies(root, name)) for name in TARGETS) <= 1 and copies(root, "vc") == {}
     mgr = Mgr(root)
     try:
         wait_for(lambda: journals(root) == [], 60, what="the fan-out journal to be finished")

@@ -11,11 +11,11 @@ A fan-out, for a pattern (S8.1, S8.7) matching the topics of queues T1..Tn (sort
 name; the builtin queues of S3.8 are never targets):
 1. choose one short id (S4.1, with an N far above the queues' own counters) shared by
    every copy; write and fsync the journal `{"id", "phase": "prep", "queues", "msg"}`;
-2. `fanout_prep` in each Ti: the copy is durable in Ti's prep/, which no scheduler,
-   consumer or cleaner of a committed message looks at;
+2. `fanout_prep` in every Ti at once (their fsyncs overlap): the copy is durable in
+   Ti's prep/, which no scheduler or consumer looks at;
 3. rewrite the journal with `"phase": "commit"` (fsynced): from here on the fan-out
    happens;
-4. `fanout_commit` in each Ti (prep → que, fsynced by the queue before its ok);
+4. `fanout_commit` in every Ti at once (prep → que, fsynced by the queue before its ok);
 5. remove the journal (unlink, fsync of `fanout/`), then `["ok", [FULL_ID, …]]`.
 A refusal in step 2 (a queue DOWN, not running, an S4.4 failure) aborts the copies
 made so far (`fanout_abort`) and answers `["fail", "queue Ti: <reason>"]`.  A crash
@@ -26,8 +26,8 @@ committed.  So after recovery either every target holds its copy or none does, a
 an `ok` is never sent before every copy is durable in que/.
 
 `kill_at` is a test seam (RQ_FANOUT_KILL in the manager's environment): the name of
-the step after which the manager SIGKILLs itself (`journal`, `prep-N`, `commit-phase`,
-`commit-N`, `done`; `abort-N` after a refusal).
+the step after which the manager SIGKILLs itself (`journal`, `prep-N` after the Nth
+answer, `commit-phase`, `commit-N`, `done`; `abort-N` after a refusal).
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from typing import Any
 
 from rq import client, protocol
@@ -58,10 +60,21 @@ COMMIT_WAIT = 30.0        # a commit phase retried this long before the reply sa
 ABORT_WAIT = 5.0          # the copies of a refused fan-out: then the recovery thread's
 RETRY_PAUSE = 0.25        # seconds between passes over queues that did not answer
 RECOVER_PAUSE = 1.0       # the recovery thread's pause while journals remain
+POOL_THREADS = 16         # queue requests in flight at once, over all fan-outs
 N_LOW, N_HIGH = 10**12, 10**13  # a copy's N (S4.1): never one of a queue's own counters
 MISSING_DEST = 'input missing required "dest" parameter'
 NO_MATCH = "no queue matches pattern: "
 Reply = list[Any]
+
+
+def is_ok(reply: Any) -> bool:
+    return isinstance(reply, list) and len(reply) >= 2 and reply[0] == "ok"
+
+
+def _done(value: Any) -> Future[Any]:
+    future: Future[Any] = Future()
+    future.set_result(value)
+    return future
 
 
 def reason(reply: Any) -> str:
@@ -79,6 +92,7 @@ class Fanout:
         self._live: set[str] = set()      # ids of fan-outs this process is running
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._pool = ThreadPoolExecutor(POOL_THREADS, "rq-fanout")
 
     # ------------------------------------------------------------ the command
     def create(self, arg: str | None) -> Reply:
@@ -107,18 +121,17 @@ class Fanout:
                    "started": time.time()}
         self.write(journal)                  # durable before the first copy
         self.step("journal")
-        ids = []
-        for i, name in enumerate(targets, 1):
-            reply = self.call(name, "fanout_prep", {"msg_id": fid, "msg": msg})
-            if not (isinstance(reply, list) and len(reply) >= 2 and reply[0] == "ok"):
-                log.info("fan-out %s refused by queue %s: %s", fid, name, reason(reply))
-                # A queue's own refusal made no copy; without a reply, one may exist.
-                touched = targets[:i] if reply is None else targets[:i - 1]
-                if not self.finish(journal, ABORT_WAIT, live=True, queues=touched):
-                    self._wake.set()          # the recovery thread aborts the rest
-                return ["fail", f"queue {name}: {reason(reply)}"]
-            ids.append(str(reply[1]))
-            self.step(f"prep-{i}")
+        replies = self.each(targets, lambda name: self.call(
+            name, "fanout_prep", {"msg_id": fid, "msg": msg}), "prep")
+        refused = [name for name in targets if not is_ok(replies[name])]
+        if refused:
+            name = refused[0]
+            log.info("fan-out %s refused by queue %s: %s", fid, name, reason(replies[name]))
+            # A queue's own refusal made no copy; without a reply, one may exist.
+            touched = [n for n in targets if replies[n] is None or is_ok(replies[n])]
+            if not self.finish(journal, ABORT_WAIT, live=True, queues=touched):
+                self._wake.set()             # the recovery thread aborts the rest
+            return ["fail", f"queue {name}: {reason(replies[name])}"]
         journal["phase"] = "commit"
         self.write(journal)                  # from here on, the fan-out happens
         self.step("commit-phase")
@@ -127,7 +140,20 @@ class Fanout:
             return ["fail", f"fan-out {fid} not yet committed in every queue (a queue does "
                             "not answer); rq-mgr commits it when the queue is back"]
         self.step("done")
-        return ["ok", ids]
+        return ["ok", [str(replies[name][1]) for name in targets]]
+
+    def each(self, names: list[str], ask: Callable[[str], Any],
+             step: str | None = None) -> dict[str, Any]:
+        """`ask(name)` for every queue at once (each queue fsyncs its own directories:
+        the waits overlap); name -> result.  `step`: a kill point after each answer."""
+        if len(names) == 1:
+            futures = {names[0]: _done(ask(names[0]))}
+        else:
+            futures = {name: self._pool.submit(ask, name) for name in names}
+        for n, _ in enumerate(as_completed(futures.values()), 1):
+            if step is not None:
+                self.step(f"{step}-{n}")
+        return {name: f.result() for name, f in futures.items()}
 
     # ------------------------------------------------------------ finishing a journal
     def finish(self, journal: dict[str, Any], wait: float = 0.0, *, live: bool = False,
@@ -137,16 +163,13 @@ class Fanout:
         seconds are up; then remove the journal.  True when it is done.  `live`: a
         fan-out of this process (its steps are kill points)."""
         cmd = "fanout_commit" if journal["phase"] == "commit" else "fanout_abort"
-        todo = list(journal["queues"] if queues is None else queues)
-        pending = list(todo)
+        pending = list(journal["queues"] if queues is None else queues)
         deadline = time.monotonic() + wait
-        while True:
-            for name in list(pending):
-                if self.settle(journal["id"], name, cmd):
-                    pending.remove(name)
-                    if live:
-                        verb = "commit" if cmd == "fanout_commit" else "abort"
-                        self.step(f"{verb}-{len(todo) - len(pending)}")
+        verb = "commit" if cmd == "fanout_commit" else "abort"
+        while pending:
+            settled = self.each(pending, lambda name: self.settle(journal["id"], name, cmd),
+                                verb if live else None)
+            pending = [name for name in pending if not settled[name]]
             if not pending or time.monotonic() >= deadline:
                 break
             time.sleep(RETRY_PAUSE)
