@@ -119,7 +119,10 @@ class Fanout:
     def run(self, fid: str, targets: list[str], msg: dict[str, Any]) -> Reply:
         journal = {"id": fid, "phase": "prep", "queues": targets, "msg": msg,
                    "started": time.time()}
-        self.write(journal)                  # durable before the first copy
+        try:
+            self.write(journal)              # durable before the first copy
+        except OSError as exc:
+            raise Fail(f"fan-out journal not written: {exc.strerror or exc}") from exc
         self.step("journal")
         replies = self.each(targets, lambda name: self.call(
             name, "fanout_prep", {"msg_id": fid, "msg": msg}), "prep")
@@ -132,8 +135,11 @@ class Fanout:
             if not self.finish(journal, ABORT_WAIT, live=True, queues=touched):
                 self._wake.set()             # the recovery thread aborts the rest
             return ["fail", f"queue {name}: {reason(replies[name])}"]
+        try:
+            self.write({**journal, "phase": "commit"})  # from here on, the fan-out happens
+        except OSError as exc:
+            return self.undo(journal, f"fan-out journal not written: {exc.strerror or exc}")
         journal["phase"] = "commit"
-        self.write(journal)                  # from here on, the fan-out happens
         self.step("commit-phase")
         if not self.finish(journal, COMMIT_WAIT, live=True):
             self._wake.set()
@@ -141,6 +147,20 @@ class Fanout:
                             "not answer); rq-mgr commits it when the queue is back"]
         self.step("done")
         return ["ok", [str(replies[name][1]) for name in targets]]
+
+    def undo(self, journal: dict[str, Any], why: str) -> Reply:
+        """The commit decision could not be written: the journal on disk may say either
+        phase, so it is written again as `prep` before any copy is aborted.  When even
+        that fails, the recovery thread finishes it as the file on disk says."""
+        try:
+            self.write(journal)
+        except OSError:
+            self._wake.set()
+            return ["fail", f"{why}; fan-out {journal['id']} is finished by rq-mgr as its "
+                            "journal says (all copies or none)"]
+        if not self.finish(journal, ABORT_WAIT, live=True):
+            self._wake.set()
+        return ["fail", why]
 
     def each(self, names: list[str], ask: Callable[[str], Any],
              step: str | None = None) -> dict[str, Any]:
@@ -177,9 +197,12 @@ class Fanout:
             return False
         try:
             self.fs.unlink(self.path(journal["id"]))
+            self.fs.fsync_dir(self.dir)      # gone for good before the reply
         except FileNotFoundError:
             pass
-        self.fs.fsync_dir(self.dir)  # gone for good before the reply
+        except OSError as exc:  # every copy is finished: the recovery thread removes it later
+            log.warning("fan-out %s: journal not removed: %s", journal["id"], exc)
+            self._wake.set()
         return True
 
     def settle(self, fid: str, name: str, cmd: str) -> bool:
