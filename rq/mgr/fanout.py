@@ -259,8 +259,9 @@ class Fanout:
             names = os.listdir(self.dir)
         except FileNotFoundError:
             return []
+        mine = f".tmp{os.getpid()}."  # this manager's are being written right now
         for name in names:  # a write_file_atomic temporary file of a crashed manager
-            if name.startswith(".") and ".tmp" in name:
+            if name.startswith(".") and ".tmp" in name and mine not in name:
                 unlink_quiet(os.path.join(self.dir, name))
         return sorted(n[:-5] for n in names if n.endswith(".json") and not n.startswith("."))
 
