@@ -14,6 +14,7 @@ import json
 import random
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,20 @@ def test_issue18_fanout_refusals_leave_no_copy(site: tuple[Path, str], fields: d
     assert mgr_create(root, fields) == ["fail", reason]
     assert {name: set(copies(root, name)) for name in before} == before
     assert journals(root) == []
+
+
+def test_issue18_fanout_concurrent_fanouts(site: tuple[Path, str]) -> None:
+    """Fan-outs at once (rq-mgr's socket threads, its queue-request pool): each gets its
+    own id and both copies."""
+    root, _ = site
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda i: mgr_create(root, {"dest": "video.*", "param1": i}),
+                                range(24)))
+    assert all(r[0] == "ok" and [short(i)[0] for i in r[1]] == ["enc", "thumbs"]
+               for r in replies), replies
+    ids = {short(r[1][0])[1] for r in replies}
+    assert len(ids) == 24 and all(short(r[1][1])[1] == short(r[1][0])[1] for r in replies)
+    assert ids <= set(copies(root, "enc")) and ids <= set(copies(root, "thumbs"))
 
 
 def test_issue18_fanout_bad_json_is_a_bad_request(site: tuple[Path, str]) -> None:
@@ -271,5 +286,21 @@ def test_issue18_fanout_crash_while_aborting(tmp_path: Path) -> None:
     try:
         wait_for(lambda: journals(root) == [], 60, what="the fan-out journal to be finished")
         assert {name: copies(root, name) for name in TARGETS} == {n: {} for n in TARGETS}
+    finally:
+        mgr.stop()
+
+
+def test_issue18_fanout_recovery_commits_into_a_down_queue(tmp_path: Path) -> None:
+    """A fan-out decided (phase commit) when rq-mgr died, and one target taken DOWN
+    (S3.5) before the restart: the copy is committed all the same, since the fan-out
+    was accepted while the queue was UP; a journal never waits on an operator."""
+    root = crash_root(tmp_path)
+    killed_fanout(root, "commit-phase", {"dest": "video.*"})
+    (root / "config" / "vb.down").write_text("")
+    mgr = Mgr(root)
+    try:
+        wait_for(lambda: journals(root) == [], 60, what="the fan-out journal to be finished")
+        held = {name: copies(root, name) for name in TARGETS}
+        assert all(len(c) == 1 and "prep" not in c.values() for c in held.values()), held
     finally:
         mgr.stop()
