@@ -10,7 +10,7 @@ blocks and rotated each run:
 Printed per variant: fan-outs (sets of K copies) per second from one client, and the CPU
 seconds of rq-mgr and of all the queue processes per 1,000 sets, measured in the same
 run; then the ratios fanout/direct.  Usage:
-    tini -s -- .venv/bin/python bench/fanout.py --tmpdir /var/tmp/rqbench
+    tini -s -- .venv/bin/python bench/fanout.py --tmpdir DIR
         [--n 300] [--runs 3] [--k 3,8]
 """
 
