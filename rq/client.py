@@ -10,7 +10,7 @@ import os
 import socket
 
 from rq import protocol
-from rq.errors import ConnectError, ProtocolError
+from rq.errors import ConnectError, NoReply, ProtocolError
 
 TYPE_CHECKING = False  # typing is not imported at run time (issue 15)
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def call(path: str, cmd: str, arg: Any = None, *, raw: bool = False,
             sock.sendall(frame)
             payload = read_frame(sock)
         except (OSError, ProtocolError) as exc:
-            raise ConnectError(f"no reply from {path}: {exc}") from exc
+            raise NoReply(f"no reply from {path}: {exc}") from exc
     finally:
         sock.close()
     try:

@@ -41,6 +41,10 @@ class ConnectError(RQError):
     """A daemon socket could not be reached."""
 
 
+class NoReply(ConnectError):
+    """The request was sent but no reply came: the daemon may have acted on it."""
+
+
 class StartError(RQError):
     """A daemon cannot start and retrying cannot fix it: `fatal REASON` on its ready pipe,
     exit 2, FATAL at the manager (S2.3; rq.daemon reports it)."""

@@ -31,6 +31,7 @@ from typing import Any
 
 from rq import protocol
 from rq.errors import ConnectError, ProtocolError, RQError
+from rq.topics import is_pattern
 from rq.transports import HttpTransport, LocalTransport, Refused, Transport
 
 __all__ = ["Client", "Status", "QueueInfo", "Refused", "BulkRefused", "WaitTimeout",
@@ -109,6 +110,28 @@ def split_ref(msg_id: str) -> tuple[str, str]:
     if name is None:
         raise Refused(f"invalid msg_id: {msg_id} (a full id names its queue)")
     return name, short
+
+
+def message_fields(dest: str, param1: Any, param2: Any, param3: Any, param4: Any,
+                   src: str | None, due: datetime | timedelta | float | None,
+                   count: int | None, max_count: int | None, orig_msg_id: str | None,
+                   post_run_webhook: Sequence[str] | str | None,
+                   force_remote: bool) -> dict[str, Any]:
+    """The S4.4 input fields of a send: `due` a datetime, a timedelta or seconds from now."""
+    fields: dict[str, Any] = {"dest": dest}
+    for key, value in (("param1", param1), ("param2", param2), ("param3", param3),
+                       ("param4", param4), ("src", src), ("count", count),
+                       ("max_count", max_count), ("orig_msg_id", orig_msg_id)):
+        if value is not None:
+            fields[key] = value
+    if post_run_webhook is not None:
+        fields["post_run_webhook"] = post_run_webhook if isinstance(post_run_webhook, str) \
+            else list(post_run_webhook)
+    if due is not None:
+        fields["due"] = due_epoch(due, time.time())
+    if force_remote:
+        fields["force_remote"] = True
+    return fields
 
 
 class BulkSender:
@@ -198,24 +221,31 @@ class Client:
              queue: str | None = None) -> str:
         """Create a message (S4.4) and return its full id once it is durable in que/.
         With `attachments` ({name: path or bytes}, or a list of paths) it is made in
-        prep, attached (S4.8) and committed; a failed attach deletes it again."""
-        fields: dict[str, Any] = {"dest": dest}
-        for key, value in (("param1", param1), ("param2", param2), ("param3", param3),
-                           ("param4", param4), ("src", src), ("count", count),
-                           ("max_count", max_count), ("orig_msg_id", orig_msg_id)):
-            if value is not None:
-                fields[key] = value
-        if post_run_webhook is not None:
-            fields["post_run_webhook"] = post_run_webhook if isinstance(post_run_webhook, str) \
-                else list(post_run_webhook)
-        if due is not None:
-            fields["due"] = due_epoch(due, time.time())
-        if force_remote:
-            fields["force_remote"] = True
+        prep, attached (S4.8) and committed; a failed attach deletes it again.  A topic
+        pattern `dest` (`video.*`) is refused: fanout() sends it to every matching queue."""
+        if queue is None and is_pattern(dest):
+            raise Refused(f"dest {dest} is a topic pattern: Client.fanout sends it "
+                          "to every matching queue")
+        fields = message_fields(dest, param1, param2, param3, param4, src, due, count,
+                                max_count, orig_msg_id, post_run_webhook, force_remote)
         name = queue or self.queue_for(dest, relay_ok=relay_ok)
         if not attachments:
             return self.transport.create(name, fields)
         return self._send_attached(name, fields, attachments)
+
+    def fanout(self, pattern: str, *, param1: Any = None, param2: Any = None,
+               param3: Any = None, param4: Any = None, src: str | None = None,
+               due: datetime | timedelta | float | None = None, count: int | None = None,
+               max_count: int | None = None, orig_msg_id: str | None = None,
+               post_run_webhook: Sequence[str] | str | None = None,
+               force_remote: bool = False) -> list[str]:
+        """Issue 18 item 2: one copy of the message in every queue whose topic matches
+        `pattern` (`video.*`, `reports.#`, `#`; S8.1, S8.7), all or nothing (rq-mgr's
+        journal); the full ids, in queue-name order, once every copy is durable in
+        que/.  Refused when no queue matches or a queue refuses (no copy is left then)."""
+        return self.transport.fanout(message_fields(
+            pattern, param1, param2, param3, param4, src, due, count, max_count,
+            orig_msg_id, post_run_webhook, force_remote))
 
     def _send_attached(self, name: str, fields: dict[str, Any],
                        attachments: Attachments) -> str:

@@ -143,10 +143,12 @@ class Store:
 
     # ------------------------------------------------------------ writing
     def allocate(self, fields: dict[str, Any], now: float, base_url: str, *,
-                 sync_prep: bool = True, msg_id: str | None = None) -> tuple[str, str]:
+                 sync_prep: bool = True, msg_id: str | None = None,
+                 exact: bool = False) -> tuple[str, str]:
         """Create `prep/ID/` with its msg file (S4.1) and return (id, path).
         `fields` gains `msg_id` and the default `orig_msg_id`.  A `msg_id` from
-        new_ids() is tried first (should it be taken meanwhile, a new one is made).
+        new_ids() is tried first (should it be taken meanwhile, a new one is made);
+        with `exact` (a fan-out copy, rq.queue.fanoutprep) a taken one is Fail("msg id taken").
 
         The msg file and the ID directory are durable on return; with
         `sync_prep` the prep/ entry is too (a later commit rename followed by
@@ -170,6 +172,8 @@ class Store:
             try:
                 self.fs.mkdir(path)
             except FileExistsError:
+                if exact:
+                    raise Fail("msg id taken") from None
                 continue
             try:
                 self.write_msg(path, fields)

@@ -63,5 +63,12 @@ def matches(pattern: str, topic: str) -> bool:
     return len(pat) == len(top)
 
 
+def is_pattern(dest: object) -> bool:
+    """Does a message `dest` ask for a fan-out (issue 18 item 2, rq.mgr.fanout):
+    dot-separated segments one of which is `*` or `#`?  Neither character may appear
+    in a queue name (S3.1), so no dest that names a queue is taken for one."""
+    return isinstance(dest, str) and any(seg in ("*", "#") for seg in dest.split("."))
+
+
 def matches_any(patterns: Iterable[str], topic: str) -> bool:
     return any(matches(p, topic) for p in patterns)

@@ -101,6 +101,15 @@ class LocalTransport:
         cmd = "prep_message" if prep else "create_message"
         return str(ok_value(self.queue(name, cmd, fields)))
 
+    def fanout(self, fields: dict[str, Any]) -> list[str]:
+        """Issue 18 item 2: one copy per queue whose topic matches `fields["dest"]`
+        (the manager's `create_message`, rq.mgr.fanout); every full id."""
+        try:
+            reply = client.call_mgr(self.root, "create_message", fields)
+        except ConnectError:
+            raise ConnectError("cannot connect to rq-mgr (is it running?)") from None
+        return [str(i) for i in ok_value(reply)]
+
     def attach(self, name: str, short: str, att_name: str, data: bytes | str) -> str:
         if isinstance(data, str):
             path = os.path.abspath(data)
@@ -305,6 +314,9 @@ class HttpTransport:
     def create(self, name: str, fields: dict[str, Any], *, prep: bool = False) -> str:
         body = {**fields, "_method": "prep"} if prep else fields
         return str(ok_value(self.request("POST", f"q/{name}/new_message", json=body)))
+
+    def fanout(self, fields: dict[str, Any]) -> list[str]:
+        return [str(i) for i in ok_value(self.request("POST", "fanout", json=fields))]
 
     def attach(self, name: str, short: str, att_name: str, data: bytes | str) -> str:
         if isinstance(data, str):

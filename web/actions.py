@@ -23,7 +23,10 @@ from werkzeug.datastructures import FileStorage
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from rq import protocol
-from rq.errors import ProtocolError
+from rq.errors import Fail, ProtocolError
+from rq.message import normalize_input
+from rq.mgr.fanout import COMMIT_WAIT, MISSING_DEST, NO_MATCH
+from rq.topics import pattern_problem
 
 from .errors import RQHTTPError, fail
 from .forms import nested
@@ -51,6 +54,7 @@ MESSAGE_ACTIONS = {
 }
 BULK_ACTIONS = {"requeue": ("requeue_messages", "Requeue", "Requeued"),
                 "purge": ("purge_messages", "Purge", "Purged")}
+FANOUT_TIMEOUT = COMMIT_WAIT * 3  # rq-mgr may wait that long for a queue (rq.mgr.fanout)
 BULK_TIMEOUT = 3600.0  # a purge of a large hashdir takes a while (rq.queue.bulkmove)
 CREATED_PAGE = """{% extends "layout.html" %}
 {% block title %}New message{% endblock %}
@@ -222,6 +226,30 @@ def new_message(name: str) -> Any:
             raise
         return json_error(exc)
     return jsonify(reply) if as_json else message_created(name, reply)
+
+
+@bp.post("/fanout")
+def fanout() -> Any:
+    """Issue 18 item 2 (docs/guide/fanout.md): route 12's message (a JSON body, `mesg=<JSON>`
+    or `mesg[...]` fields) with `dest` a topic pattern, one copy in every queue whose topic
+    matches (rq-mgr's `create_message`, rq.mgr.fanout, all or nothing).  Always JSON:
+    `["ok", [FULL_ID, …]]`; a bad pattern or message 400, no matching queue 404, a
+    queue's refusal 200 `["fail", reason]` (as route 12), rq-mgr not running 503."""
+    try:
+        fields = message_input(True)
+        problem = pattern_problem(fields.get("dest")) if fields.get("dest") else MISSING_DEST
+        if problem:
+            fail(400, problem)
+        try:
+            normalize_input(fields, 0.0)
+        except Fail as exc:
+            fail(400, str(exc))
+        reply = ask_mgr("create_message", fields, raw=False, timeout=FANOUT_TIMEOUT)
+        if isinstance(reply, list) and len(reply) > 1 and str(reply[1]).startswith(NO_MATCH):
+            fail(404, str(reply[1]))
+    except RQHTTPError as exc:
+        return json_error(exc)
+    return jsonify(reply)
 
 
 @bp.post("/q/<name>/<msg_id>/clone")

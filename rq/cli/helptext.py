@@ -59,6 +59,9 @@ BULK_SEARCH = {  # rq requeue / rq purge (issue 16 item 6, docs/guide/bulk.md)
 COMMANDS: dict[str, tuple[str, Mapping[str, tuple[str, str]], str]] = {
     "sendmesg": ("queue a new message; prints its full id", {
         **SEND,
+        "dest": ("the queue: a name, /q/NAME, ROOTq/NAME, or an http(s):// URL (relayed); "
+                 "a topic pattern (video.*, reports.#, #) puts one copy in every queue whose "
+                 "topic matches, all or nothing, and prints every id", "--dest video"),
         "stdin": ("one message per input line (a JSON object of fields, or param1); "
                   "prints one full id per line", "--stdin < jobs.txt"),
         "url": ("send over HTTP to this RQ web server instead of the local root",

@@ -30,6 +30,7 @@ from rq.cli.base import (
     require,
 )
 from rq.errors import ConfigError, ConnectError
+from rq.topics import is_pattern
 
 TYPE_CHECKING = False  # typing is not imported at run time (issue 15)
 if TYPE_CHECKING:
@@ -74,7 +75,23 @@ def send_target(inv: Invocation, dest: str, cmd: str) -> str:
 def send_message(inv: Invocation, cmd: str) -> int:
     dest = require(inv, "dest")
     fields = {k: inv.flags[k] for k in MESSAGE_FLAGS if k in inv.flags}
+    if is_pattern(dest):
+        return send_fanout(inv, dest, cmd, fields)
     return print_reply(inv, call_queue(inv, send_target(inv, dest, cmd), cmd, fields))
+
+
+def send_fanout(inv: Invocation, dest: str, cmd: str, fields: dict[str, Any]) -> int:
+    """Issue 18 item 2: a topic pattern `dest` (`video.*`, `reports.#`, `#`) asks rq-mgr
+    for one copy in every queue whose topic matches (rq.mgr.fanout, all or nothing);
+    printed as one `ok <full id>` line per copy, or the failure as S19.3's `fail <reason>`."""
+    if cmd != "create_message":
+        raise CliError(f"a topic pattern dest ({dest}) fans out with sendmesg only")
+    reply = call_mgr(inv, "create_message", protocol.dumps(fields))
+    if not is_ok(reply) or not isinstance(reply[1], list):
+        return print_reply(inv, reply)
+    for full in reply[1]:
+        inv.say(f"ok {full}")
+    return 0
 
 
 @command("sendmesg", *SEND_FLAGS, "stdin", "url")

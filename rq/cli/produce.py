@@ -25,6 +25,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from rq.topics import is_pattern
+
 from rq.cli.base import (
     MESSAGE_FLAGS,
     CliError,
@@ -139,6 +141,8 @@ def sendmesg_client(inv: Invocation) -> int:
     if "stdin" not in inv.flags:
         return send_one(inv)
     dest = require(inv, "dest")
+    if is_pattern(dest):
+        raise CliError(f"a topic pattern dest ({dest}) fans out one message: not with --stdin")
     defaults = {k: inv.flags[k] for k in MESSAGE_FLAGS if k in inv.flags}
     from rq.producer import BulkRefused, Refused
     client = producer(inv)
@@ -200,10 +204,12 @@ def send_one(inv: Invocation) -> int:
     dest = require(inv, "dest")
     fields = {k: inv.flags[k] for k in MESSAGE_FLAGS if k in inv.flags}
     client = producer(inv)
-    try:
-        full = client.transport.create(target(inv, client, dest), fields)
+    try:  # a topic pattern: every copy's id (issue 18 item 2, rq.mgr.fanout)
+        ids = client.transport.fanout(fields) if is_pattern(dest) else \
+            [client.transport.create(target(inv, client, dest), fields)]
     except Refused as exc:
         inv.say(f"fail {exc.reason}")
         return 1
-    inv.say(f"ok {full}")
+    for full in ids:
+        inv.say(f"ok {full}")
     return 0

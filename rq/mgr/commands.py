@@ -6,8 +6,9 @@ Anything that reads or changes the supervised children goes through
 manager's loop thread.  Files that no process owns (admin flag files, a queue
 directory being built) are handled here directly.
 
-`reserve`, `report` and `renew` (S8.4) are handled by rq.mgr.consumer.  `subscribe` and
-`unsubscribe` hand the connection to rq.mgr.substream (S8.8).  A bad frame
+`reserve`, `report` and `renew` (S8.4) are handled by rq.mgr.consumer, `create_message`
+(a fan-out to every queue whose topic matches `dest`, issue 18 item 2) by rq.mgr.fanout.
+`subscribe` and `unsubscribe` hand the connection to rq.mgr.substream (S8.8).  A bad frame
 or a non-JSON ARG never reaches this module: the Rq1Server answers `["fail","bad request"]` (S7.1).
 """
 
@@ -30,6 +31,7 @@ from rq.fsops import FsOps
 from rq.mgr import queuedirs, timercmds
 from rq.mgr.consumer import Consumers
 from rq.mgr.events_hub import EventHub
+from rq.mgr.fanout import Fanout
 from rq.mgr.substream import serve_subscription
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ class Supervisor(Protocol):
     config: MainConfig
     fs: FsOps
     events_hub: EventHub
+    env: dict[str, str]  # the manager's environment (rq.mgr.daemon), as its children get it
 
     def call_in_loop(self, func: Callable[..., Any], *args: Any) -> Any: ...
     def uptime(self) -> int: ...
@@ -78,6 +81,10 @@ class Commands:
         self.queue_root = os.path.join(manager.root, "queue")
         self.fs = manager.fs
         self.consumers = Consumers(manager.root)
+        # Built once, by Manager.start (S2.2): the fan-outs a crash left are finished from
+        # now on, in the background.  RQ_FANOUT_KILL: rq.mgr.fanout's test seam.
+        self.fanout = Fanout(manager.root, manager.fs, manager.env.get("RQ_FANOUT_KILL"))
+        self.fanout.start()
         self.table: dict[str, Callable[[str | None], Reply]] = {
             "ping": lambda arg: ["pong"],
             "environment": lambda arg: [self.mgr.config.env],
@@ -98,6 +105,8 @@ class Commands:
             "reserve": self.consumers.reserve,
             "report": self.consumers.report,
             "renew": self.consumers.renew,
+            # issue 18 item 2: one copy in every queue whose topic matches `dest`
+            "create_message": self.fanout.create,
         }
         for cmd, (verb, suffix, create) in FLAG_COMMANDS.items():
             self.table[cmd] = self._flag_handler(verb, suffix, create)

@@ -21,14 +21,15 @@ from typing import Any
 from rq import message, protocol
 from rq.message import truthy
 from rq.errors import Fail
-from rq.queue import createstream
+from rq.queue import createstream, fanoutprep
 from rq.queue.bulkmove import Bulk, stored_count
 from rq.queue.enqueue import Enqueue
 from rq.queue.leases import Leases, lease_length
 from rq.queue.state import QueueState
 
 log = logging.getLogger(__name__)
-ALWAYS = {"ping", "uptime", "config", "status", "shutdown", "num_messages", "messages"}
+ALWAYS = {"ping", "uptime", "config", "status", "shutdown", "num_messages", "messages",
+          *fanoutprep.FINISHING}
 # Commands whose "ok" reply means a scheduler pass already ran inline (commit
 # runs one under the lock, and wakes the loop itself for a future due), so the
 # loop is not woken for another (S2.6): that spares a whole loop pass
@@ -229,6 +230,16 @@ class Commands:
         except OSError as exc:
             raise Fail(f"commit failed: {exc.strerror or exc}") from exc
         return ["ok", "msg commited"]
+
+    # fan-out copies (issue 18 item 2): rq.queue.fanoutprep, asked by rq.mgr.fanout
+    def cmd_fanout_prep(self, data: Any) -> Any:
+        return fanoutprep.prep(self, data)
+
+    def cmd_fanout_commit(self, data: Any) -> Any:
+        return self.cmd_commit_message(data)
+
+    def cmd_fanout_abort(self, data: Any) -> Any:
+        return fanoutprep.abort(self, data)
 
     # ------------------------------------------------------------ attachments (S4.8)
     def cmd_attach_message(self, data: Any) -> Any:

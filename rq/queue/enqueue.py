@@ -174,12 +174,13 @@ class Enqueue:
         return msg_id, path
 
     def allocate(self, fields: dict[str, Any], *, sync_prep: bool,
-                 msg_id: str | None = None) -> tuple[str, str]:
-        """prep/ID with its msg, durable (S4.1); with `sync_prep` prep/ too."""
+                 msg_id: str | None = None, exact: bool = False) -> tuple[str, str]:
+        """prep/ID with its msg, durable (S4.1); with `sync_prep` prep/ too;
+        with `exact`, under `msg_id` or not at all (Store.allocate)."""
         q = self.state
         try:
             msg_id, path = q.store.allocate(fields, time.time(), q.main.base_url,
-                                            sync_prep=sync_prep, msg_id=msg_id)
+                                            sync_prep=sync_prep, msg_id=msg_id, exact=exact)
         except OSError as exc:
             raise Fail(f"msg couldn't be created: {exc.strerror or exc}") from exc
         with q.lock:
