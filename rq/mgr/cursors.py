@@ -197,6 +197,10 @@ class CursorBook:
         return cursor
 
     def save(self, cursor: Cursor) -> None:
+        """Durably; offsets of day directories retention has removed are
+        dropped, so the file stays as small as the log it points into."""
+        days = set(_listdir(self.events))
+        cursor.offsets = {rel: off for rel, off in cursor.offsets.items() if rel[:8] in days}
         os.makedirs(self.dir, exist_ok=True)
         write_atomic(self.path(cursor.name), encode_state(cursor.payload()))
 

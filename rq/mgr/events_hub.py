@@ -158,7 +158,7 @@ class Subscriber:
     def __init__(self, patterns: Iterable[str], since: float | None = None) -> None:
         self.patterns: list[str] = list(dict.fromkeys(patterns))
         self.since = since     # live events before it are left out too
-        self.buffer: deque[tuple[Frame, bool]] = deque()  # (frame, is an event)
+        self.buffer: deque[tuple[Any, bool]] = deque()  # (frame or record, is an event)
         self.queued = 0        # events in buffer (control frames do not count)
         self.dropped = 0
         self.closed = False
@@ -166,6 +166,10 @@ class Subscriber:
         self.conn: socket.socket | None = None
         self.cond = threading.Condition()
         self.cursor: Any = None  # a named cursor's stream: rq.mgr.cursorstream
+
+    def push_record(self, event: dict[str, Any], topic: str, rel: str, end: int) -> None:
+        """A named cursor's stream takes raw records (rq.mgr.cursorstream)."""
+        raise NotImplementedError
 
     def render(self, item: Any) -> Frame:
         """A buffered item as the frame to send (a cursor stream stamps it here,

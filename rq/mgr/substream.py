@@ -126,7 +126,9 @@ def stream_request_reply(sub: Subscriber, payload: bytes) -> Any:
 def cursor_request_reply(sub: Subscriber, cmd: str, data: Any) -> Any:
     """In-stream `ack {"pos": TOKEN}` (issue 18 item 3): durable, then
     `["ok","acked",<position>]`; a cursor's patterns are fixed."""
-    if sub.cursor is None:
+    from rq.mgr.cursorstream import CursorSubscriber
+
+    if not isinstance(sub, CursorSubscriber):
         raise Fail("ack needs a cursor stream (subscribe with \"cursor\")")
     if cmd != "ack":
         raise Fail("a cursor's patterns are fixed: delete the cursor to change them")
