@@ -377,3 +377,63 @@ def test_issue18_state_file_written_atomically(root: Path) -> None:
     assert names == ["bill.cursor"]
     assert decode_state((root / "log" / "cursors" / "bill.cursor").read_bytes())["position"] == 2
     assert protocol  # imported for the framing used by client
+
+
+def test_issue18_no_skip_no_repeat_through_reconnects_and_a_kill(root: Path) -> None:
+    """Messages created from two threads on two queues while the cursor's
+    subscriber reads a few events, acks part of them and reconnects, over and
+    over, with one SIGKILL of rq-mgr in the middle: the acknowledged events,
+    in order, are exactly the log's events of the cursor's topics, each once,
+    and every session starts right after the last acknowledged event."""
+    import random
+    import threading
+    make_queue(root, "held2", script="/bin/true", topic="billing.two")
+    (root / "config" / "held2.pause").write_text("")
+    client.call_mgr(str(root), "reload")
+    wait_for(lambda: (root / "queue" / "held2" / "queue.sock").exists(), what="held2")
+    wait_for(lambda: client.call_queue(str(root), "held2", "ping", timeout=5) == ["pong"],
+             what="held2 to answer")
+    with client.subscribe(str(root), ["billing.#"], cursor="stress"):
+        pass
+    rng = random.Random(18)
+    per_queue = 60
+
+    def produce(queue: str) -> None:
+        for _ in range(per_queue):
+            for _attempt in range(200):  # rq-mgr (and its queues) may be restarting
+                try:
+                    send(root, queue)
+                    break
+                except (ConnectError, OSError, AssertionError):
+                    time.sleep(0.05)
+    producers = [threading.Thread(target=produce, args=(q,)) for q in ("held", "held2")]
+    for p in producers:
+        p.start()
+    acked: list[Key] = []
+    killed = False
+    deadline = time.monotonic() + 240
+    while len(acked) < 4 * per_queue:
+        assert time.monotonic() < deadline, f"only {len(acked)} acked"
+        if not killed and len(acked) > per_queue:
+            pid = int((root / "config" / "queuemgr.pid").read_text().split()[0])
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: rq_mgr(root, "start").returncode == 0, 60, 0.2, "a restart")
+            killed = True
+        try:
+            with client.subscribe(str(root), [], cursor="stress") as sub:
+                got = events(sub, min(rng.randint(1, 25), 4 * per_queue - len(acked)))
+                if acked:
+                    assert key(got[0]) != acked[-1]  # nothing acked comes again
+                upto = rng.randint(1, len(got))
+                reply = ack(sub, got[upto - 1]["pos"])
+                assert reply == ["ok", "acked", len(acked) + upto], reply
+                acked.extend(key(e) for e in got[:upto])
+        except (ConnectError, Fail):
+            time.sleep(0.05)  # rq-mgr restarting
+    for p in producers:
+        p.join(60)
+    logged = [key(e) for e in read_events(root) if e["queue"] in ("held", "held2")]
+    assert len(acked) == len(set(acked)) == len(logged)
+    assert sorted(acked) == sorted(logged)
+    for queue in ("held", "held2"):  # each file in its own order
+        assert [k for k in acked if k[0] == queue] == [k for k in logged if k[0] == queue]
