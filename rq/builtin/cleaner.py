@@ -6,7 +6,8 @@ default 2).  For each selected queue under the RQ root (RQ_ROOT; fix: the origin
 /rq/current) it deletes done/ and relayed/ minute buckets whose end is at least that old, then
 the hour and day buckets that became empty, and prep/ messages whose id time is older; err/ is
 never touched.  ALLQUEUES also trims queue/relay/relayed/ to its newest 60000 messages and drops
-log/events/YYYYMMDD/ directories older than event_retention_days (S1.4, S13).
+log/events/YYYYMMDD/ directories older than event_retention_days (S1.4, S13), each only after
+rq-mgr has counted what its named cursors lose (issue 18: their `gap` record).
 
 S0.3.2 lets the cleaner delete finished messages directly (no queue process is asked).  It logs
 `<pid> - <time> - <text>` lines to stdout (the job's stdio.log) and reports on fd 3 (S6.4).

@@ -218,7 +218,10 @@ class CursorBook:
                 if not patterns:
                     raise Fail(f"cursor {name} does not exist: give patterns to create it")
                 cursor = Cursor(name, patterns, from_day, dict(start), created=time.time())
-                self.save(cursor)
+                try:
+                    self.save(cursor)
+                except OSError as exc:
+                    raise Fail(f"cursor {name}: cannot save its state: {exc.strerror}") from None
                 self._cursors[name] = cursor
             elif patterns and sorted(patterns) != sorted(cursor.patterns):
                 raise Fail(f"cursor {name} follows {','.join(cursor.patterns)}: "
@@ -288,7 +291,7 @@ class CursorBook:
     def names(self) -> list[str]:
         try:
             return sorted(n[:-len(SUFFIX)] for n in os.listdir(self.dir) if n.endswith(SUFFIX)
-                          and not n.startswith("."))
+                          and NAME_RE.match(n[:-len(SUFFIX)]) and ".." not in n)
         except OSError:
             return []
 
