@@ -167,6 +167,7 @@ def test_issue18_restart_resumes_and_old_positions_are_refused(root: Path) -> No
         reply = ack(sub, got[3]["pos"])
         assert reply == ["fail", f"unknown position {got[3]['pos']!r} for cursor bill"]
         assert ack(sub, again[0]["pos"]) == ["ok", "acked", 3]
+        assert ack(sub, again[0]["pos"]) == ["ok", "acked", 3]  # again: a no-op
     state = decode_state((root / "log" / "cursors" / "bill.cursor").read_bytes())
     assert state["position"] == 3
 

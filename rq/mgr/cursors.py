@@ -138,7 +138,8 @@ class Cursor:
     acked_at: float | None = None
     gap: int = 0                       # events lost to retention, not yet reported+acked
     epoch: str = field(default_factory=lambda: secrets.token_hex(3))
-    seq: int = 0
+    seq: int = 0                       # tokens handed out in this epoch
+    acked_seq: int = 0                 # ... and acknowledged
     inflight: list[tuple[int, str | None, int, int]] = field(default_factory=list)
     owner: Any = None                  # the Subscriber streaming it now
 
@@ -241,10 +242,12 @@ class CursorBook:
 
     def _apply(self, cursor: Cursor, token: object) -> None:
         epoch, _, seq = str(token).partition(":")
-        if epoch != cursor.epoch or not seq.isdigit() \
-                or not any(s == int(seq) for s, *_ in cursor.inflight):
+        known = epoch == cursor.epoch and seq.isdigit() and len(seq) < 19
+        if known and int(seq) <= cursor.acked_seq:
+            return  # acknowledged already (an SSE ack, then the same Last-Event-ID)
+        if not known or not any(s == int(seq) for s, *_ in cursor.inflight):
             raise Fail(f"unknown position {str(token)[:40]!r} for cursor {cursor.name}")
-        upto = int(seq)
+        upto = cursor.acked_seq = int(seq)
         for s, rel, end, gap in cursor.inflight:
             if s > upto:
                 break
