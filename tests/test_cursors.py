@@ -145,6 +145,24 @@ def test_issue18_a_cursor_stream_ends_rather_than_drop_events(tmp_path: Path) ->
     assert [p["pos"] for p in payloads[:2]] == [f"{cursor.epoch}:1", f"{cursor.epoch}:2"]
 
 
+def test_issue18_a_cursor_stream_ends_after_too_many_unacked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rq.mgr import cursorstream
+    from rq.mgr.cursors import Cursor, CursorBook
+    monkeypatch.setattr(cursorstream, "MAX_UNACKED", 3)
+    cursor = Cursor("c", ["#"], "20261126", {})
+    sub = cursorstream.CursorSubscriber(cursor, CursorBook(str(tmp_path), lambda q: q))
+    cursor.owner = sub
+    for i in range(5):
+        sub.push_record({"msg_id": str(i)}, "q", "20261126/q.jsonl", 10 * (i + 1))
+    frames: list[bytes] = []
+    while (batch := sub.take(0)) is not None:
+        frames.extend(batch)
+    payloads = [json.loads(f[protocol.HEADER_LEN:]) for f in frames]
+    assert [p["msg_id"] for p in payloads[:-1]] == ["0", "1", "2"]
+    assert payloads[-1][0] == "fail" and "3 events sent without an ack" in payloads[-1][1]
+
+
 # ---------------------------------------------------------------- over the manager socket
 
 

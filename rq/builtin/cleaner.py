@@ -249,8 +249,9 @@ def retire_for_cursors(events_dir: str, day: str) -> bool:
     return True
 
 
-def call_mgr(root: str, cmd: str, arg: object, timeout: float = 30.0) -> object:
-    """One rq1 request (S7.1 framing) to rq-mgr's socket, stdlib only."""
+def call_mgr(root: str, cmd: str, arg: object, timeout: float = 600.0) -> object:
+    """One rq1 request (S7.1 framing) to rq-mgr's socket, stdlib only.  A long
+    timeout: counting a big day a cursor has not read means reading it."""
     import socket
     body = f"{cmd} {json.dumps(arg)}".encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:

@@ -23,6 +23,9 @@ from rq.mgr.cursors import DAY_RE, Cursor, CursorBook
 from rq.mgr.events_hub import BUFFER_LIMIT, EventHub, Frame, Subscriber, file_records
 
 
+MAX_UNACKED = 100_000  # tokens a stream may hand out without an ack (each is remembered)
+
+
 def gap_record(lost: int) -> dict[str, Any]:
     return {"event": "gap", "lost": lost}
 
@@ -45,14 +48,19 @@ class CursorSubscriber(Subscriber):
             if self.ending:
                 return
             if self.queued >= BUFFER_LIMIT:
-                self.buffer.append((protocol.encode_reply(
-                    ["fail", f"cursor {self.cursor.name} fell more than {BUFFER_LIMIT} events "
-                     "behind; subscribe again to resume"]), False))
-                self.ending = True
+                self.end_with(f"cursor {self.cursor.name} fell more than {BUFFER_LIMIT} events "
+                              "behind; subscribe again to resume")
+            elif len(self.cursor.inflight) + self.queued >= MAX_UNACKED:
+                self.end_with(unacked_text(self.cursor.name))
             else:
                 self.buffer.append((({**event, "topic": topic}, rel, end), True))
                 self.queued += 1
             self.cond.notify()
+
+    def end_with(self, reason: str) -> None:
+        """(Under `cond`) a last `fail` frame after what is queued; the stream ends."""
+        self.buffer.append((protocol.encode_reply(["fail", reason]), False))
+        self.ending = True
 
     def push_gap(self, lost: int) -> None:
         with self.cond:
@@ -127,7 +135,18 @@ def replay(hub: EventHub, sub: CursorSubscriber, snapshot: dict[str, int],
     for event, rel, end in heapq.merge(*streams, key=lambda rec: rec[0]["ts"]):
         if sub.closed:
             return
+        if len(cursor.inflight) >= MAX_UNACKED:
+            with sub.cond:
+                sub.buffer.clear()  # live events after the replay's end: sent again next time
+                sub.queued = 0
+                sub.end_with(unacked_text(cursor.name))
+            return
         yield sub.render(({**event, "topic": topic_of(str(event.get("queue")))}, rel, end))
+
+
+def unacked_text(name: str) -> str:
+    return (f"cursor {name}: {MAX_UNACKED} events sent without an ack; ack them, or subscribe "
+            "again (with Last-Event-ID over HTTP) to go on")
 
 
 def _tagged(full: str, rel: str, start: int,
