@@ -120,10 +120,12 @@ def test_issue18_ack_route_errors(site: Site) -> None:
 
 
 def test_issue18_delete_route(site: Site) -> None:
-    with stream(site, "gone", pattern="#"):
-        pass
-    resp = requests.post(site.url + "cursors/gone/delete", data={"x_format": "json"}, timeout=30)
-    assert resp.json() == ["ok", "cursor deleted"]
+    with stream(site, "gone", pattern="#") as live:
+        resp = requests.post(site.url + "cursors/gone/delete", data={"x_format": "json"},
+                             timeout=30)
+        assert resp.json() == ["ok", "cursor deleted"]
+        (end,) = records(live, 1)  # the open stream says why it ends
+        assert (end["event"], end["data"]) == ("end", ["fail", "cursor gone deleted"])
     again = requests.post(site.url + "cursors/gone/delete", data={"x_format": "json"},
                           timeout=30)
     assert again.json() == ["fail", "no such cursor: gone"]
