@@ -163,6 +163,40 @@ def test_issue18_a_cursor_stream_ends_after_too_many_unacked(
     assert payloads[-1][0] == "fail" and "3 events sent without an ack" in payloads[-1][1]
 
 
+def test_issue18_a_failed_state_write_refuses_the_ack_and_undoes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault at the OS seam (the state write): the ack is refused with one line,
+    nothing of it stays in memory, and the same ack succeeds once the disk does."""
+    import errno
+
+    from rq.mgr import cursors
+    book = cursors.CursorBook(str(tmp_path), lambda q: q)
+    cursor = book.open("c", ["#"], {}, "20261126")
+    first, second = cursor.stamp("20261126/q.jsonl", 10), cursor.stamp("20261126/q.jsonl", 20)
+
+    def full(path: str, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(cursors, "write_atomic", full)
+    with pytest.raises(Fail, match="^cursor c: cannot save its state: No space left on device$"):
+        book.ack("c", second)
+    assert (cursor.position, cursor.offsets, len(cursor.inflight)) == (0, {}, 2)
+    monkeypatch.undo()
+    assert book.ack("c", second) == 2
+    assert book.ack("c", first) == 2  # already acknowledged: a no-op
+    state = decode_state((tmp_path / "log" / "cursors" / "c.cursor").read_bytes())
+    assert state["offsets"] == {"20261126/q.jsonl": 20}
+
+
+def test_issue18_a_well_framed_state_with_bad_fields_is_corrupt_not_a_crash(
+        tmp_path: Path) -> None:
+    from rq.mgr.cursors import CursorBook
+    (tmp_path / "log" / "cursors").mkdir(parents=True)
+    (tmp_path / "log" / "cursors" / "c.cursor").write_bytes(encode_state(
+        {"patterns": ["#"], "from_day": "20261126", "offsets": {"a": "x"}, "position": 1}))
+    with pytest.raises(Fail, match=r"^cursor c: state file log/cursors/c.cursor is corrupt"):
+        CursorBook(str(tmp_path), lambda q: q).open("c", None, {}, "20261126")
+
+
 # ---------------------------------------------------------------- over the manager socket
 
 

@@ -187,13 +187,13 @@ class CursorBook:
             raise Fail(f"cursor {name}: cannot read its state: {exc.strerror}") from None
         try:
             p = decode_state(data)
-        except ValueError as exc:
+            cursor = Cursor(name, [str(x) for x in p["patterns"]], p["from_day"],
+                            {str(k): int(v) for k, v in p["offsets"].items()},
+                            p["position"], float(p.get("created") or 0),
+                            p.get("acked_at"), int(p.get("gap") or 0))
+        except (ValueError, TypeError, AttributeError) as exc:
             raise Fail(f"cursor {name}: state file log/cursors/{name}{SUFFIX} is corrupt "
                        f"({exc}); delete the cursor to start it again") from None
-        cursor = Cursor(name, [str(x) for x in p["patterns"]], p["from_day"],
-                        {str(k): int(v) for k, v in p["offsets"].items()},
-                        p["position"], float(p.get("created") or 0),
-                        p.get("acked_at"), int(p.get("gap") or 0))
         self._cursors[name] = cursor
         return cursor
 
@@ -201,7 +201,8 @@ class CursorBook:
         """Durably; offsets of day directories retention has removed are
         dropped, so the file stays as small as the log it points into."""
         days = set(_listdir(self.events))
-        cursor.offsets = {rel: off for rel, off in cursor.offsets.items() if rel[:8] in days}
+        if days:  # (never on a failed listing: every offset would go)
+            cursor.offsets = {rel: off for rel, off in cursor.offsets.items() if rel[:8] in days}
         os.makedirs(self.dir, exist_ok=True)
         write_atomic(self.path(cursor.name), encode_state(cursor.payload()))
 
@@ -247,6 +248,8 @@ class CursorBook:
             return  # acknowledged already (an SSE ack, then the same Last-Event-ID)
         if not known or not any(s == int(seq) for s, *_ in cursor.inflight):
             raise Fail(f"unknown position {str(token)[:40]!r} for cursor {cursor.name}")
+        before = (dict(cursor.offsets), cursor.position, cursor.gap, cursor.inflight,
+                  cursor.acked_seq, cursor.acked_at)
         upto = cursor.acked_seq = int(seq)
         for s, rel, end, gap in cursor.inflight:
             if s > upto:
@@ -260,7 +263,9 @@ class CursorBook:
         cursor.acked_at = time.time()
         try:
             self.save(cursor)
-        except OSError as exc:  # the ack is refused: the client acks again later
+        except OSError as exc:  # refused, and undone: the client acks again later
+            (cursor.offsets, cursor.position, cursor.gap, cursor.inflight,
+             cursor.acked_seq, cursor.acked_at) = before
             raise Fail(f"cursor {cursor.name}: cannot save its state: {exc.strerror}") from None
 
     def resume(self, cursor: Cursor, last_id: object) -> None:
@@ -280,13 +285,16 @@ class CursorBook:
         check_name(name)
         with self.lock:
             try:
-                cursor = self.load(name)
-            except Fail:
-                os.replace(self.path(name), self.path(name) + ".corrupt")
-                return
-            if cursor is None:
-                raise Fail(f"no such cursor: {name}")
-            os.unlink(self.path(name))
+                try:
+                    cursor = self.load(name)
+                except Fail:
+                    os.replace(self.path(name), self.path(name) + ".corrupt")
+                    return
+                if cursor is None:
+                    raise Fail(f"no such cursor: {name}")
+                os.unlink(self.path(name))
+            except OSError as exc:
+                raise Fail(f"cursor {name}: cannot delete: {exc.strerror}") from None
             self._cursors.pop(name, None)
         if cursor.owner is not None:
             cursor.owner.finish(protocol.encode_reply(["fail", f"cursor {name} deleted"]))
