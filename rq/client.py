@@ -136,6 +136,17 @@ class Subscription:
         """An in-stream `subscribe` or `unsubscribe` (its answer comes via next())."""
         self.sock.sendall(protocol.encode_request(cmd, arg))
 
+    def ack(self, pos: str) -> None:
+        """Acknowledge a cursor stream's event (issue 18); answered in-stream
+        by `["ok","acked",<position>]`."""
+        self.send("ack", {"pos": pos})
+
+    def buffered(self) -> bool:
+        """Whether a whole frame is already here (next() would not wait)."""
+        return len(self._buf) >= protocol.HEADER_LEN and \
+            len(self._buf) >= protocol.HEADER_LEN + protocol.parse_header(
+                self._buf[:protocol.HEADER_LEN])
+
     def close(self) -> None:
         self.sock.close()
 
@@ -147,13 +158,20 @@ class Subscription:
 
 
 def subscribe(root: str, patterns: list[str], since: float | None = None, *,
-              timeout: float = 30.0) -> Subscription:
-    """Open a subscription (S8.8).  Raises ConnectError when rq-mgr does not
+              timeout: float = 30.0, cursor: str | None = None,
+              last_id: str | None = None) -> Subscription:
+    """Open a subscription (S8.8), of the named `cursor` when given (issue 18:
+    `patterns` may then be empty for an existing cursor; `last_id` acks the
+    event of that token first).  Raises ConnectError when rq-mgr does not
     answer, Fail(reason) when it refuses."""
     from rq.errors import Fail
     arg: dict[str, Any] = {"patterns": patterns}
     if since is not None:
         arg["since"] = since
+    if cursor is not None:
+        arg["cursor"] = cursor
+        if last_id:
+            arg["last_id"] = last_id
     path = mgr_socket(root)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)

@@ -29,7 +29,8 @@ COMMANDS = sorted(["sendmesg", "prepmesg", "single_que", "attachmesg", "commitme
                    "fsck", "reserve", "report", "renew", "watch", "analytics",
                    "createqueue", "configqueue", "deletequeue", "completion",
                    "wait", "requeue", "purge",  # issue 16 items 2, 6
-                   "push", "pop"])  # issue 18
+                   "push", "pop",  # issue 18
+                   "cursors", "deletecursor"])  # issue 18 item 3
 USAGE = "Valid commands are:\n" + "".join(f"  {name}\n" for name in COMMANDS)
 MESSAGE_COMMANDS = ["commitmesg", "statusmesg", "state", "statuscountmesg",
                     "attachstatusmesg", "clone", "showmesg", "deletemesg", "destroymesg",

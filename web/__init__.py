@@ -73,8 +73,9 @@ def create_app(root: str | None = None, *, main: MainConfig | None = None,
     errors.install(app)
     security.install(app)
     limits.install(app)
-    from . import actions, api, consumer, events, files, stats, ui
-    for blueprint in (api.bp, actions.bp, files.bp, ui.bp, stats.bp, events.bp, consumer.bp):
+    from . import actions, api, consumer, cursors, events, files, stats, ui
+    for blueprint in (api.bp, actions.bp, files.bp, ui.bp, stats.bp, events.bp, consumer.bp,
+                      cursors.bp):
         app.register_blueprint(blueprint)
 
     @app.context_processor

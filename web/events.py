@@ -1,4 +1,5 @@
-"""Event subscriptions over HTTP (SPEC S8.8, S15 route 31): `GET /events`.
+"""Event subscriptions over HTTP (SPEC S8.8, S15 route 31): `GET /events`,
+also of a named cursor (`cursor=NAME`, issue 18; docs/guide/cursors.md).
 
 Owns: turning `pattern` (repeatable; a value may hold several patterns
 separated by commas, as in S8.5) and `since` into a `subscribe` on the
@@ -33,10 +34,12 @@ POLL_SECONDS = 1.0        # how often a quiet stream checks that its client is s
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def request_patterns() -> list[str]:
+def request_patterns(required: bool = True) -> list[str]:
     patterns = [p.strip() for value in request.args.getlist("pattern")
                 for p in value.split(",") if p.strip()]
     if not patterns:
+        if not required:
+            return []
         fail(400, "missing pattern")
     try:
         return list(topics.check_patterns(patterns))
@@ -58,28 +61,44 @@ def request_since() -> float | None:
 
 
 def sse_record(payload: Any) -> bytes:
-    kind = "overflow" if isinstance(payload, dict) and payload.get("event") == "overflow" \
-        else "transition"
+    """One SSE record; a named cursor's events carry their position as the
+    record's `id` (the browser sends it back as Last-Event-ID on reconnect)."""
+    kind = "transition"
+    if isinstance(payload, list):  # the manager ended the stream (a cursor deleted, ...)
+        kind = "end"
+    elif payload.get("event") in ("overflow", "gap"):
+        kind = payload["event"]
+    pos = payload.pop("pos", None) if isinstance(payload, dict) else None
     data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    return f"event: {kind}\ndata: {data}\n\n".encode()
+    head = f"id: {pos}\n" if isinstance(pos, str) and pos.isprintable() else ""
+    return f"{head}event: {kind}\ndata: {data}\n\n".encode()
+
+
+def request_cursor() -> tuple[str | None, str | None]:
+    """Issue 18: `cursor=NAME`, and the position to acknowledge first
+    (`Last-Event-ID`, or `last_id=` for clients that cannot set headers)."""
+    name = request.args.get("cursor") or None
+    last = request.headers.get("Last-Event-ID") or request.args.get("last_id") or None
+    return name, last
 
 
 @bp.route("/events")
 def events() -> Response:
-    patterns = request_patterns()
+    cursor, last_id = request_cursor()
+    patterns = request_patterns(required=cursor is None)
     since = request_since()
     if request.method == "HEAD":
         return Response(status=200, mimetype="text/event-stream", headers=HEADERS)
     root = current_app.config["RQ_MAIN"].root
     release = take_long_slot()  # S14.1: a stream never takes a short request's worker
     try:
-        sub = client.subscribe(root, patterns, since)
+        sub = client.subscribe(root, patterns, since, cursor=cursor, last_id=last_id)
     except ConnectError:
         release()
         fail(503, "QueueMgr not running")
     except Fail as exc:
         release()
-        fail(400, str(exc))
+        fail(404 if str(exc).endswith("give patterns to create it") else 400, str(exc))
     keepalive = float(current_app.config.get("RQ_STREAM_KEEPALIVE", KEEPALIVE_SECONDS))
     body = stream(sub, keepalive, request.environ.get("waitress.client_disconnected"))
     return Response(HeldBody(body, release), mimetype="text/event-stream", headers=HEADERS,
@@ -101,7 +120,10 @@ def stream(sub: client.Subscription, keepalive: float,
             except ConnectError:
                 return  # rq-mgr ended the stream (it is stopping)
             now = time.monotonic()
-            if payload is not None:
+            if isinstance(payload, list) and payload[:1] == ["fail"]:
+                yield sse_record(payload)
+                return
+            if isinstance(payload, dict):
                 yield sse_record(payload)
                 last = now
             elif now - last >= keepalive:

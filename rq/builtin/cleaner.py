@@ -6,7 +6,8 @@ default 2).  For each selected queue under the RQ root (RQ_ROOT; fix: the origin
 /rq/current) it deletes done/ and relayed/ minute buckets whose end is at least that old, then
 the hour and day buckets that became empty, and prep/ messages whose id time is older; err/ is
 never touched.  ALLQUEUES also trims queue/relay/relayed/ to its newest 60000 messages and drops
-log/events/YYYYMMDD/ directories older than event_retention_days (S1.4, S13).
+log/events/YYYYMMDD/ directories older than event_retention_days (S1.4, S13), each only after
+rq-mgr has counted what its named cursors lose (issue 18: their `gap` record).
 
 S0.3.2 lets the cleaner delete finished messages directly (no queue process is asked).  It logs
 `<pid> - <time> - <text>` lines to stdout (the job's stdio.log) and reports on fd 3 (S6.4).
@@ -218,8 +219,52 @@ def prune_events(events_dir: str, now: float, days: int, analytics_dir: str | No
         if durable is not None and day not in durable:
             continue
         if start is not None and start + 86400 <= now - days * 86400:
-            removed += remove_tree(day_dir)
+            if retire_for_cursors(events_dir, day):
+                removed += remove_tree(day_dir)
     return removed
+
+
+def retire_for_cursors(events_dir: str, day: str) -> bool:
+    """Issue 18 item 3: before a day goes, rq-mgr counts into every named cursor
+    the events of it the cursor has not passed (its stream reports them as one
+    `gap` record).  No cursors: nothing to ask.  rq-mgr not answering while
+    cursors exist: the day is kept for the next run (never lost silently)."""
+    root = os.path.dirname(os.path.dirname(events_dir))
+    try:
+        if not any(n.endswith(".cursor") for n in os.listdir(os.path.join(root, "log", "cursors"))):
+            return True
+    except OSError:
+        return True
+    try:
+        reply = call_mgr(root, "retire_events", {"day": day})
+    except (OSError, ValueError) as err:
+        jobio.log(f"kept log/events/{day}: cannot tell rq-mgr's cursors ({err})")
+        return False
+    if not (isinstance(reply, list) and reply[:1] == ["ok"]):
+        jobio.log(f"kept log/events/{day}: rq-mgr answered {reply!r}")
+        return False
+    lost = {k: v for k, v in (reply[1] or {}).items() if v}
+    if lost:
+        jobio.log(f"log/events/{day}: events cursors had not passed: {lost}")
+    return True
+
+
+def call_mgr(root: str, cmd: str, arg: object, timeout: float = 600.0) -> object:
+    """One rq1 request (S7.1 framing) to rq-mgr's socket, stdlib only.  A long
+    timeout: counting a big day a cursor has not read means reading it."""
+    import socket
+    body = f"{cmd} {json.dumps(arg)}".encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(os.path.join(root, "config", "queuemgr.sock"))
+        sock.sendall(b"rq1 %08d " % len(body) + body)
+        data = b""
+        while len(data) < 13 or len(data) < 13 + int(data[4:12]):
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ValueError("no reply")
+            data += chunk
+    return json.loads(data[13:13 + int(data[4:12])])
 
 
 def all_queue_names(root: str) -> list[str]:

@@ -47,7 +47,7 @@ COMMAND_MODULES = {
                      "statusmesg", "state", "statuscountmesg", "attachstatusmesg", "clone",
                      "showmesg", "deletemesg", "destroymesg", "runmesg", "queues", "admin",
                      "fsck", "analytics"), "messages"),
-    **dict.fromkeys(("reserve", "report", "renew", "watch"), "pull"),
+    **dict.fromkeys(("reserve", "report", "renew", "watch", "cursors", "deletecursor"), "pull"),
     **dict.fromkeys(("createqueue", "configqueue", "deletequeue"), "queueadmin"),
     "wait": "produce",
     **dict.fromkeys(("requeue", "purge"), "bulk"),

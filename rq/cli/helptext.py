@@ -152,8 +152,16 @@ COMMANDS: dict[str, tuple[str, Mapping[str, tuple[str, str]], str]] = {
     "watch": ("print each message event as it happens (S8.8)", {
         "pattern": ("queue-name pattern (repeatable, or comma-separated)", "--pattern video"),
         "since": ("replay the events since this epoch first", "--since 1764158400"),
-        "json": ("one JSON object per line instead of text", "--json")},
+        "json": ("one JSON object per line instead of text", "--json"),
+        "cursor": ("a named cursor: resume where it was acknowledged, acknowledge each event "
+                   "once printed (docs/guide/cursors.md)", "--cursor billing")},
         "rq watch --pattern '#'"),
+    "cursors": ("list the named event cursors: position, lag, last ack (docs/guide/cursors.md)", {
+        "json": ("one JSON document", "--json")},
+        "rq cursors"),
+    "deletecursor": ("delete a named event cursor (docs/guide/cursors.md)", {
+        "cursor": ("the cursor's name", "--cursor billing")},
+        "rq deletecursor --cursor billing"),
     "wait": ("block until the messages end; print each status; exit 0 done, 1 err, 2 timeout", {
         "msg_id": ("a message's full id (repeatable: waits for all)", f"--msg_id {FULL_ID}"),
         "timeout": ("give up after this many seconds (exit 2)", "--timeout 600"),

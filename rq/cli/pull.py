@@ -117,34 +117,92 @@ def watch_since(inv: Invocation) -> float | None:
     return since
 
 
-@command("watch", "pattern", "since", "json")
+@command("watch", "pattern", "since", "json", "cursor")
 def watch(inv: Invocation) -> int:
-    """S8.8: one line (or the JSON) per event until interrupted; exit 0 on SIGINT."""
-    patterns, since = watch_patterns(inv), watch_since(inv)
-    as_json = "json" in inv.flags
+    """S8.8: one line (or the JSON) per event until interrupted; exit 0 on SIGINT.
+    With `--cursor NAME` (issue 18) the stream resumes where the cursor was
+    acknowledged, and each event is acknowledged once printed and flushed."""
+    cursor = optional(inv, "cursor")
+    patterns = watch_patterns(inv) if cursor is None or inv.flags.get("pattern") else []
+    since = watch_since(inv)
     try:
         try:
-            sub = client.subscribe(inv.root, patterns, since)
+            sub = client.subscribe(inv.root, patterns, since, cursor=cursor)
         except Fail as exc:
             return print_reply(inv, ["fail", str(exc)])
         except ConnectError:
             raise CliError("cannot connect to rq-mgr (is it running?)") from None
         with sub:
-            while True:
-                try:
-                    event = sub.next()
-                except ConnectError:
-                    raise CliError("lost the connection to rq-mgr") from None
-                if not isinstance(event, dict):
-                    continue
-                if event.get("event") == "overflow" and not as_json:
-                    print(f"rq: warning: {event.get('dropped')} events dropped "
-                          "(this watcher fell behind)", file=inv.err, flush=True)
-                    continue
-                print(protocol.dumps(event) if as_json else watch_line(event),
-                      file=inv.out, flush=True)
+            follow(inv, sub)
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:  # `rq watch | head`: the reader is done
         silence(inv.out)
         return 0
+    return 0
+
+
+def follow(inv: Invocation, sub: client.Subscription) -> None:
+    """Print events until the stream ends; a cursor's are acknowledged after
+    the output was flushed, once per burst (the last one of what is here)."""
+    as_json = "json" in inv.flags
+    unacked = None
+    while True:
+        try:
+            event = sub.next()
+        except ConnectError:
+            raise CliError("lost the connection to rq-mgr") from None
+        if isinstance(event, list) and event[:1] == ["fail"]:
+            raise CliError(str(event[1]) if len(event) > 1 else "rq-mgr refused")
+        if not isinstance(event, dict):
+            continue
+        kind = event.get("event")
+        if kind == "overflow" and not as_json:
+            print(f"rq: warning: {event.get('dropped')} events dropped "
+                  "(this watcher fell behind)", file=inv.err, flush=True)
+        elif kind == "gap" and not as_json:
+            print(f"rq: warning: {event.get('lost')} events were removed by retention "
+                  "before this cursor read them", file=inv.err, flush=True)
+        else:
+            shown = {k: v for k, v in event.items() if k != "pos"}
+            print(protocol.dumps(shown) if as_json else watch_line(event),
+                  file=inv.out, flush=True)
+        unacked = event.get("pos") or unacked
+        if unacked and not sub.buffered():
+            sub.ack(unacked)
+            unacked = None
+
+
+@command("cursors", "json")
+def cursors(inv: Invocation) -> int:
+    """Issue 18: every named cursor, one line each: name, position, lag, last ack."""
+    reply = call_mgr_json(inv, "cursors", {})
+    if inv.as_json():
+        return print_json(inv, reply, lambda rows: rows)
+    if not (isinstance(reply, list) and reply[:1] == ["ok"]):
+        return print_reply(inv, reply)
+    for row in reply[1]:
+        if row.get("state") == "corrupt":
+            inv.say(f"{row['name']} CORRUPT {row.get('problem')}")
+            continue
+        acked = row.get("acked_at")
+        when = "never" if acked is None else protocol_time(acked)
+        inv.say(f"{row['name']} position={row['position']} lag={row['lag']} "
+                f"gap={row['gap']} last_ack={when} {row['state']} "
+                f"patterns={','.join(row['patterns'])}")
+    return 0
+
+
+def protocol_time(epoch: float) -> str:
+    import time
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+@command("deletecursor", "cursor")
+def deletecursor(inv: Invocation) -> int:
+    """Issue 18: delete a named cursor (a damaged state file is moved aside)."""
+    try:
+        reply = client.call_mgr(inv.root, "delete_cursor", require(inv, "cursor"), raw=True)
+    except ConnectError:
+        raise CliError("cannot connect to rq-mgr (is it running?)") from None
+    return print_reply(inv, reply)

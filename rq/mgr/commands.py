@@ -30,6 +30,7 @@ from rq.errors import ConfigError, ConnectError
 from rq.fsops import FsOps
 from rq.mgr import queuedirs, timercmds
 from rq.mgr.consumer import Consumers
+from rq.mgr.cursors import cursor_commands
 from rq.mgr.events_hub import EventHub
 from rq.mgr.fanout import Fanout
 from rq.mgr.substream import serve_subscription
@@ -108,6 +109,8 @@ class Commands:
             # issue 18 item 2: one copy in every queue whose topic matches `dest`
             "create_message": self.fanout.create,
         }
+        # issue 18 item 3: named cursors (rq.mgr.cursors)
+        self.table.update(cursor_commands(manager.events_hub.cursors))
         for cmd, (verb, suffix, create) in FLAG_COMMANDS.items():
             self.table[cmd] = self._flag_handler(verb, suffix, create)
         # S8.8: these keep the connection (rq.mgr.substream streams on it).

@@ -34,13 +34,14 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from rq import protocol, topics
 from rq.config import load_queue_config
 from rq.errors import ConfigError, Fail
 from rq.events import decode_line
+from rq.mgr.cursors import CursorBook
 
 log = logging.getLogger(__name__)
 
@@ -79,17 +80,26 @@ def complete_size(fd: int, size: int) -> int:
     return 0
 
 
-def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
-    """The valid payloads of complete lines in `data`, and how many were bad (S13.4)."""
-    events: list[dict[str, Any]] = []
+def parse_records(data: bytes, start: int = 0) -> tuple[list[tuple[dict[str, Any], int]], int]:
+    """The valid payloads of complete lines in `data` (read at file offset
+    `start`), each with the file offset just after it, and how many were bad (S13.4)."""
+    events: list[tuple[dict[str, Any], int]] = []
     bad = 0
+    end = start
     for line in data.splitlines(keepends=True):
+        end += len(line)
         payload = decode_line(line)
         if payload is None or not isinstance(payload.get("ts"), (int, float)):
             bad += 1
         else:
-            events.append(payload)
+            events.append((payload, end))
     return events, bad
+
+
+def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """The valid payloads of complete lines in `data`, and how many were bad (S13.4)."""
+    records, bad = parse_records(data)
+    return [payload for payload, _ in records], bad
 
 
 def parse_since(value: object) -> float | None:
@@ -148,13 +158,23 @@ class Subscriber:
     def __init__(self, patterns: Iterable[str], since: float | None = None) -> None:
         self.patterns: list[str] = list(dict.fromkeys(patterns))
         self.since = since     # live events before it are left out too
-        self.buffer: deque[tuple[Frame, bool]] = deque()  # (frame, is an event)
+        self.buffer: deque[tuple[Any, bool]] = deque()  # (frame or record, is an event)
         self.queued = 0        # events in buffer (control frames do not count)
         self.dropped = 0
         self.closed = False
         self.ending = False    # send what is queued, then end the stream
         self.conn: socket.socket | None = None
         self.cond = threading.Condition()
+        self.cursor: Any = None  # a named cursor's stream: rq.mgr.cursorstream
+
+    def push_record(self, event: dict[str, Any], topic: str, rel: str, end: int) -> None:
+        """A named cursor's stream takes raw records (rq.mgr.cursorstream)."""
+        raise NotImplementedError
+
+    def render(self, item: Any) -> Frame:
+        """A buffered item as the frame to send (a cursor stream stamps it here,
+        in send order, outside `cond`)."""
+        return item  # type: ignore[no-any-return]
 
     def wants(self, topic: str) -> bool:
         return topics.matches_any(self.patterns, topic)
@@ -186,12 +206,12 @@ class Subscriber:
             if not self.buffer and self.dropped:
                 self.buffer.append((overflow_frame(self.dropped), False))
                 self.dropped = 0
-            out: list[Frame] = []
+            out: list[Any] = []
             while self.buffer and len(out) < SEND_BATCH:
                 frame, is_event = self.buffer.popleft()
                 out.append(frame)
                 self.queued -= is_event
-            return out
+        return [self.render(item) for item in out]
 
     def close(self) -> None:
         with self.cond:
@@ -231,6 +251,7 @@ class EventHub:
         self.base = os.path.join(root, "log", "events")
         self.poll = poll
         self.topics = TopicMap(root)
+        self.cursors = CursorBook(root, TopicMap(root).topic)  # issue 18 item 3
         self.offsets: dict[str, int] = {}   # path -> bytes dispatched
         self.follow_from = day_name(time.time() - DAY)
         self.subscribers: set[Subscriber] = set()
@@ -317,18 +338,20 @@ class EventHub:
         with self._lock:
             if not self.subscribers:
                 return 0
-            batch: list[dict[str, Any]] = []
+            files: list[list[tuple[dict[str, Any], str, int]]] = []
             known = {}
             for path in self.followed_files():
                 known[path] = self.offsets.get(path, 0)
-                batch.extend(self._read_new(path, known))
+                files.append([(ev, path, end) for ev, end in self._read_new(path, known)])
             self.offsets = known
-            batch.sort(key=lambda ev: ev["ts"])
-            for event in batch:
-                self._dispatch(event)
-            return len(batch)
+            # merged by time, each file kept in its own order (a cursor's offsets rely on it)
+            n = 0
+            for event, path, end in heapq.merge(*files, key=lambda rec: rec[0]["ts"]):
+                self._dispatch(event, path, end)
+                n += 1
+            return n
 
-    def _read_new(self, path: str, offsets: dict[str, int]) -> list[dict[str, Any]]:
+    def _read_new(self, path: str, offsets: dict[str, int]) -> list[tuple[dict[str, Any], int]]:
         start = offsets[path]
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -343,17 +366,20 @@ class EventHub:
             os.close(fd)
         end = data.rfind(b"\n") + 1
         offsets[path] = start + end
-        events, bad = parse_lines(data[:end])
+        events, bad = parse_records(data[:end], start)
         if bad:
             self.skipped += bad
             log.info("event log %s: skipped %d bad line(s) (S13.4)", path, bad)
         return events
 
-    def _dispatch(self, event: dict[str, Any]) -> None:
+    def _dispatch(self, event: dict[str, Any], path: str, end: int) -> None:
         topic = self.topics.topic(str(event.get("queue")))
         frame: Frame | None = None
         for sub in self.subscribers:
-            if sub.wants(topic) and (sub.since is None or event["ts"] >= sub.since):
+            if sub.cursor is not None:
+                if sub.wants(topic):
+                    sub.push_record(event, topic, path[len(self.base) + 1:], end)
+            elif sub.wants(topic) and (sub.since is None or event["ts"] >= sub.since):
                 if frame is None:
                     frame = protocol.encode_reply({**event, "topic": topic})
                 sub.push(frame)
@@ -366,6 +392,16 @@ class EventHub:
         since, time order) to send before anything from its buffer."""
         sub = Subscriber(patterns, since)
         sub.conn = conn
+        snapshot, follow_from = self.register(lambda snap, day: sub)
+        if since is None:
+            return sub, iter(())
+        return sub, self._replay(sub, since, snapshot, follow_from)
+
+    def register(self, make: Callable[[dict[str, int], str], Subscriber]
+                 ) -> tuple[dict[str, int], str]:
+        """Add the subscriber `make(snapshot, follow_from)` returns, under the
+        dispatch lock; the snapshot of the offsets is where its replay ends and
+        live delivery starts."""
         with self._lock:
             if self._stopping:
                 raise Fail("rq-mgr is stopping")
@@ -373,11 +409,9 @@ class EventHub:
                 self._catch_up()
             snapshot = dict(self.offsets)
             follow_from = self.follow_from
-            self.subscribers.add(sub)
+            self.subscribers.add(make(snapshot, follow_from))
         self._wake.set()
-        if since is None:
-            return sub, iter(())
-        return sub, self._replay(sub, since, snapshot, follow_from)
+        return snapshot, follow_from
 
     def unsubscribe(self, sub: Subscriber) -> None:
         with self._lock:
@@ -415,23 +449,29 @@ class EventHub:
                      since: float) -> Iterator[dict[str, Any]]:
         """Valid events of one file with ts >= since, up to `limit` bytes
         (None: the whole of it up to its last newline)."""
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            end = complete_size(fd, os.fstat(fd).st_size) if limit is None else limit
-            pos, rest = 0, b""
-            while pos < end:
-                chunk = os.pread(fd, min(READ_CHUNK, end - pos), pos)
-                if not chunk:
-                    break
-                pos += len(chunk)
-                data = rest + chunk
-                cut = data.rfind(b"\n") + 1
-                rest = data[cut:]
-                for event in parse_lines(data[:cut])[0]:
-                    if event["ts"] >= since:
-                        yield event
-        finally:
-            os.close(fd)
+        for event, _ in file_records(path, 0, limit):
+            if event["ts"] >= since:
+                yield event
+
+
+def file_records(path: str, start: int, limit: int | None) -> Iterator[tuple[dict[str, Any], int]]:
+    """(event, offset after it) of one file's valid records from byte `start`
+    up to `limit` (None: up to its last newline)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        end = complete_size(fd, os.fstat(fd).st_size) if limit is None else limit
+        pos, rest = start, b""
+        while pos < end:
+            chunk = os.pread(fd, min(READ_CHUNK, end - pos), pos)
+            if not chunk:
+                break
+            data = rest + chunk
+            cut = data.rfind(b"\n") + 1
+            yield from parse_records(data[:cut], pos - len(rest))[0]
+            pos += len(chunk)
+            rest = data[cut:]
+    finally:
+        os.close(fd)

@@ -42,15 +42,21 @@ def serve_subscription(hub: EventHub, cmd: str, arg: str | None,
     from rq.sockserve import KEEP_OPEN
 
     data = protocol.parse_json_arg(arg)
-    if cmd == "subscribe":
-        patterns = parse_patterns(data)
-        since = parse_since(data.get("since"))
+    sub: Subscriber
+    if cmd == "subscribe" and isinstance(data, dict) and "cursor" in data:
+        sub, replay = open_cursor(hub, data)  # issue 18 item 3
         first: Any = ["ok", "subscribed"]
-    else:  # a stream opened by `unsubscribe` starts with no patterns
-        parse_patterns(data, allow_empty=True)
-        patterns, since, first = [], None, ["ok", []]
+    else:
+        if cmd == "subscribe":
+            patterns = parse_patterns(data)
+            since = parse_since(data.get("since"))
+            first = ["ok", "subscribed"]
+        else:  # a stream opened by `unsubscribe` starts with no patterns
+            parse_patterns(data, allow_empty=True)
+            patterns, since, first = [], None, ["ok", []]
+        sub, replay = hub.subscribe(patterns, since, conn)
+    sub.conn = conn
     conn.settimeout(None)  # a stalled reader only ever blocks its own thread
-    sub, replay = hub.subscribe(patterns, since, conn)
     try:
         conn.sendall(protocol.encode_reply(first))
         reader = threading.Thread(target=read_stream_requests, args=(hub, sub, conn),
@@ -67,6 +73,17 @@ def serve_subscription(hub: EventHub, cmd: str, arg: str | None,
             pass
         conn.close()
     return KEEP_OPEN
+
+
+def open_cursor(hub: EventHub, data: dict[str, Any]) -> tuple[Subscriber, Iterator[Frame]]:
+    """`subscribe {"cursor": NAME, "patterns"?: [...], "last_id"?: TOKEN}`:
+    patterns are needed only to create the cursor; `since` does not combine."""
+    from rq.mgr.cursorstream import subscribe_cursor
+
+    if data.get("since") is not None:
+        raise Fail("since and cursor cannot be combined (a cursor resumes where it was acked)")
+    patterns = parse_patterns(data) if data.get("patterns") else None
+    return subscribe_cursor(hub, data["cursor"], patterns, data.get("last_id"))
 
 
 def send_stream(sub: Subscriber, replay: Iterator[Frame], conn: socket.socket) -> None:
@@ -92,9 +109,11 @@ def stream_request_reply(sub: Subscriber, payload: bytes) -> Any:
     """The in-stream reply to one frame (S8.8): `["ok", <current patterns>]`."""
     try:
         cmd, arg = protocol.split_request(payload)
-        if cmd not in ("subscribe", "unsubscribe"):
+        if cmd not in ("subscribe", "unsubscribe", "ack"):
             return ["error"]  # as S7.2 answers unknown commands
         data = protocol.parse_json_arg(arg)
+        if cmd == "ack" or sub.cursor is not None:
+            return cursor_request_reply(sub, cmd, data)
         if cmd == "subscribe":
             return ["ok", sub.add(parse_patterns(data))]
         return ["ok", sub.remove(parse_patterns(data, allow_empty=True))]
@@ -102,6 +121,20 @@ def stream_request_reply(sub: Subscriber, payload: bytes) -> Any:
         return ["fail", "bad request"]
     except Fail as exc:
         return ["fail", str(exc)]
+
+
+def cursor_request_reply(sub: Subscriber, cmd: str, data: Any) -> Any:
+    """In-stream `ack {"pos": TOKEN}` (issue 18 item 3): durable, then
+    `["ok","acked",<position>]`; a cursor's patterns are fixed."""
+    from rq.mgr.cursorstream import CursorSubscriber
+
+    if not isinstance(sub, CursorSubscriber):
+        raise Fail("ack needs a cursor stream (subscribe with \"cursor\")")
+    if cmd != "ack":
+        raise Fail("a cursor's patterns are fixed: delete the cursor to change them")
+    if not isinstance(data, dict) or not isinstance(data.get("pos"), str):
+        raise Fail("missing pos")
+    return ["ok", "acked", sub.book.ack(sub.cursor.name, data["pos"])]
 
 
 def read_stream_requests(hub: EventHub, sub: Subscriber, conn: socket.socket) -> None:
