@@ -93,7 +93,8 @@ def test_json_array_body(site: tuple[Path, str]) -> None:
 @pytest.mark.parametrize(
     "bad, reason",
     [
-        ('{"param1": ', "not a JSON object"),  # not JSON at all
+        ('{"param1": ', "Invalid JSON"),  # not JSON at all
+        ('{"param1": NaN}', "Invalid JSON"),  # not plain JSON (S0.3.5)
         ('["a list"]', "not a JSON object"),
         ('{"due": "soon"}', "invalid due value"),  # refused by the queue (S4.4)
     ],

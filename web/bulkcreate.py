@@ -11,7 +11,8 @@ messages together, sharing their fsyncs.  Replies:
 - `200 ["ok", [FULL_ID, ...]]`: every message created, ids in input order,
   sent only after the queue has answered (after the fsync of the last one);
 - `400 ["fail", "line N: REASON", [FULL_ID, ...]]`: line N (the N-th element of
-  an array) is not a JSON object or was refused by the queue; the ids are those
+  an array) is not plain JSON (`Invalid JSON`), not a JSON object, or was
+  refused by the queue; the ids are those
   of the lines before it, all created; nothing after it is acted on;
 - `413` (body over `max_body_bytes`, or more than MAX_MESSAGES messages) and
   the other errors of S14.8 as `["fail", TEXT]`: nothing created.
@@ -35,7 +36,8 @@ from rq.producer import BulkRefused, BulkSender
 from rq.transports import SocketBulk
 
 from .errors import fail
-from .views import backend, parse_json, require_not_down, require_queue
+from .views import (backend, finite_float, parse_json, reject_constant, require_not_down,
+                    require_queue)
 
 bp = Blueprint("bulkcreate", __name__)
 
@@ -67,16 +69,20 @@ def body_items(body: bytes) -> list[tuple[int, bytes | Any]]:
 
 def messages(items: list[tuple[int, bytes | Any]]) -> Iterator[tuple[int, Any]]:
     """(number, message fields) per item, up to and including the first that is
-    not a JSON object, yielded as (number, None)."""
+    not a plain JSON object (S0.3.5: no NaN, no number out of range), which is
+    yielded as (number, its refusal text)."""
     for number, item in items:
         if isinstance(item, bytes):
             try:
-                item = json.loads(item)
+                item = json.loads(item, parse_constant=reject_constant,
+                                  parse_float=finite_float)
             except (ValueError, RecursionError):
-                item = None
-        yield number, item if isinstance(item, dict) else None
+                yield number, "Invalid JSON"
+                return
         if not isinstance(item, dict):
+            yield number, "not a JSON object"
             return
+        yield number, item
 
 
 def create_all(name: str, items: list[tuple[int, bytes | Any]]) -> Response:
@@ -90,9 +96,9 @@ def create_all(name: str, items: list[tuple[int, bytes | Any]]) -> Response:
         try:
             batch: list[dict[str, Any]] = []
             for number, msg in messages(items):
-                if msg is None:
+                if isinstance(msg, str):  # the line's refusal
                     ids += sender.send(batch) + sender.flush() if batch else sender.flush()
-                    return refused(number, "not a JSON object", ids)
+                    return refused(number, msg, ids)
                 batch.append(msg if "dest" in msg else {**msg, "dest": name})
                 numbers.append(number)
                 if len(batch) >= FRAME:
