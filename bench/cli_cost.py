@@ -21,10 +21,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from common import (
-    QUEUE, QueueProc, add_common_args, bench_queue, disk_probe, machine_line, median, new_root,
-    temp_base,
+    QUEUE, REPO, QueueProc, add_common_args, bench_queue, disk_probe, machine_line, median,
+    new_root, temp_base,
 )
 
 
@@ -48,6 +49,29 @@ def shell_loop(command: str, n: int, env: dict[str, str]) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def install_wheel(base: Path) -> str:
+    """This checkout built as a wheel (`pip wheel --no-deps`) and installed into a new
+    virtualenv under `base`; its dependencies are found in this interpreter's
+    site-packages, named by a .pth file after the wheel's own (a plain path line:
+    the .pth files there, such as an editable install's finder, are not run).
+    Returns the virtualenv's python."""
+    import site
+    import sysconfig
+    wheels, venv = base / "wheel", base / "wheelvenv"
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), str(REPO)], check=True,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    subprocess.run([*pip, "--python", python, "install", "--no-deps", "--no-index",
+                    *map(str, wheels.glob("*.whl"))], check=True, stdout=subprocess.DEVNULL)
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                              "['purelib'])"], check=True, capture_output=True, text=True)
+    deps = site.getsitepackages() or [sysconfig.get_paths()["purelib"]]
+    Path(purelib.stdout.strip(), "zz_rq_bench_deps.pth").write_text("\n".join(deps) + "\n")
+    return python
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=30, help="runs of each command")
@@ -59,12 +83,20 @@ def main() -> int:
                          "written, so a module without a __pycache__ entry beside it is compiled "
                          "on every call (how figures before 2026-11-26 were taken, in a checkout "
                          "that had none)")
+    ap.add_argument("--wheel", action="store_true",
+                    help="time the `rq` of a wheel built from this checkout and installed in a "
+                         "throwaway virtualenv (not the editable install of .venv, whose import "
+                         "finder costs extra), against that virtualenv's `python -c pass`")
     add_common_args(ap)
     args = ap.parse_args()
-    rq = os.path.join(os.path.dirname(sys.executable), "rq")
+    python = sys.executable
     print(f"cli_cost: n={args.n}, {machine_line()}")
     with temp_base(args.tmpdir, args.keep) as base:
         print(f"  {disk_probe(base)}")
+        if args.wheel:
+            python = install_wheel(base)
+        rq = os.path.join(os.path.dirname(python), "rq")
+        print(f"  rq: {'a wheel in a throwaway virtualenv' if args.wheel else rq}")
         root = new_root(base, "cli")
         bench_queue(root, num_workers=1, paused=True)
         env = dict(os.environ, RQ_ROOT=str(root))
@@ -72,7 +104,7 @@ def main() -> int:
             env["PYTHONPYCACHEPREFIX"] = str(base / "pycache")
             env.pop("PYTHONDONTWRITEBYTECODE", None)
         print(f"  bytecode cache: {'off' if env.get('PYTHONDONTWRITEBYTECODE') else 'on'}")
-        cases = {"python -c pass": ([sys.executable, "-c", "pass"], env),
+        cases = {"python -c pass": ([python, "-c", "pass"], env),
                  "rq sendmesg": ([rq, "sendmesg", "--dest", QUEUE], env)}
         if args.compare:
             other = dict(env, PYTHONPATH=os.path.abspath(args.compare))
@@ -87,7 +119,7 @@ def main() -> int:
                 for label, (argv, case_env) in cases.items():
                     times[label].append(timed(argv, case_env))
             loop_n = max(10, args.n)
-            bare_rate = shell_loop(f'"{sys.executable}" -c pass', loop_n, env)
+            bare_rate = shell_loop(f'"{python}" -c pass', loop_n, env)
             loop_rate = shell_loop(f'"{rq}" sendmesg --dest {QUEUE}', loop_n, env)
     bw, bc = (median([t[i] for t in times["python -c pass"]]) for i in (0, 1))
     print(f"  {'':34} wall ms   CPU ms   ratio wall, CPU")

@@ -7,18 +7,20 @@ ConnectError when nothing answers, so callers can print S19.3's texts.
 from __future__ import annotations
 
 import os
-import socket
+
+import _socket  # socket.py's wrapper classes and enums cost a shell loop ~5 ms (issue 15)
 
 from rq import protocol
 from rq.errors import ConnectError, NoReply, ProtocolError
 
 TYPE_CHECKING = False  # typing is not imported at run time (issue 15)
 if TYPE_CHECKING:
+    import socket
     from typing import Any
 
 
 
-def recv_exact(conn: socket.socket, size: int) -> bytes:
+def recv_exact(conn: _socket.socket, size: int) -> bytes:
     chunks = []
     while size:
         chunk = conn.recv(min(size, 1 << 20))
@@ -29,7 +31,7 @@ def recv_exact(conn: socket.socket, size: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_frame(conn: socket.socket) -> bytes:
+def read_frame(conn: _socket.socket) -> bytes:
     size = protocol.parse_header(recv_exact(conn, protocol.HEADER_LEN))
     return recv_exact(conn, size)
 
@@ -60,7 +62,8 @@ def call(path: str, cmd: str, arg: Any = None, *, raw: bool = False,
          timeout: float | None = 60.0) -> Any:
     """Send one request to the socket at `path` and return the decoded reply."""
     frame = protocol.encode_request(cmd, arg, raw=raw)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # the C socket type: the same methods and errors, without importing socket.py
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
         try:
@@ -172,6 +175,7 @@ def subscribe(root: str, patterns: list[str], since: float | None = None, *,
         arg["cursor"] = cursor
         if last_id:
             arg["last_id"] = last_id
+    import socket
     path = mgr_socket(root)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)

@@ -100,7 +100,9 @@ def dumps(obj: Any) -> str:
 
 _BAD_NAME_CHARS = set("/. ,;:@\"(){}\\+='^`#~?[]%|$&<>*")
 # ASCII digits only, and no trailing newline (re's "$" would accept one): S4.1.
-MSG_ID_RE = re.compile(r"\d{8}\.\d{4}\.\d{2}\.\d{3}\.\d+", re.ASCII)
+# The patterns of this module are compiled on first use (re caches them), not at
+# import: a shell loop of `rq sendmesg` pays for every import (issue 15 item 3).
+MSG_ID_PATTERN = r"\d{8}\.\d{4}\.\d{2}\.\d{3}\.\d+"
 
 
 def valid_queue_name(name: Any) -> bool:
@@ -123,7 +125,7 @@ def valid_queue_name(name: Any) -> bool:
 
 def valid_msg_id(msg_id: Any) -> bool:
     return (isinstance(msg_id, str) and len(msg_id) < 64
-            and MSG_ID_RE.fullmatch(msg_id) is not None)
+            and re.fullmatch(MSG_ID_PATTERN, msg_id, re.ASCII) is not None)
 
 
 def full_id(base_url: str, queue: str, msg_id: str) -> str:
@@ -154,11 +156,8 @@ def parse_msg_ref(ref: str) -> tuple[str | None, str]:
     raise ProtocolError(f"invalid msg_id: {ref}")
 
 
-_REMOTE_RE = re.compile(r"^https?://", re.IGNORECASE)
-
-
 def is_remote_dest(dest: str) -> bool:
-    return bool(_REMOTE_RE.match(dest))
+    return dest[:8].lower().startswith(("http://", "https://"))
 
 
 def resolve_dest(dest: str, host_port: str, root: str) -> tuple[str, str]:
@@ -216,8 +215,8 @@ class PipeLine(namedtuple("PipeLine", "kind text secs due newdest", defaults=(0,
     newdest: str
 
 
-_INT_RE = re.compile(r"^\d+$")
-_DUP_RE = re.compile(r"^(\d+(?:\.\d+)?)-([^-]*)-(.+)$", re.DOTALL)
+_INT_PATTERN = r"^\d+$"
+_DUP_PATTERN = r"^(\d+(?:\.\d+)?)-([^-]*)-(.+)$"
 
 
 def parse_pipe_line(line: str) -> PipeLine:
@@ -229,11 +228,11 @@ def parse_pipe_line(line: str) -> PipeLine:
         return PipeLine(COMPLETIONS[cmd], text)
     if cmd == "resend":
         secs, dash, rest = text.partition("-")
-        if _INT_RE.match(secs.strip()):
+        if re.match(_INT_PATTERN, secs.strip()):
             return PipeLine("resend", text, secs=int(secs.strip()))
         return PipeLine("malformed", line)
     if cmd == "dup":
-        m = _DUP_RE.match(text)
+        m = re.match(_DUP_PATTERN, text, re.DOTALL)
         if m and m.group(3).strip():
             return PipeLine("dup", text, due=float(m.group(1)), newdest=m.group(3).strip())
         return PipeLine("malformed", line, newdest="\0dup")
@@ -342,15 +341,15 @@ def describe_exit(returncode: int) -> str:
 
 # ---------------------------------------------------------------- ages (issue 16: bulk purge)
 AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_AGE_RE = re.compile(r"(\d{1,9}(?:\.\d{1,6})?) ?(?:(s|sec|secs|seconds?)|(m|min|mins|minutes?)"
-                     r"|(h|hours?)|(d|days?)|(w|weeks?))?", re.ASCII)
+_AGE_PATTERN = (r"(\d{1,9}(?:\.\d{1,6})?) ?(?:(s|sec|secs|seconds?)|(m|min|mins|minutes?)"
+                r"|(h|hours?)|(d|days?)|(w|weeks?))?")
 
 
 def parse_age(text: str) -> float:
     """An age as `rq purge --older-than` and the queue page take it: a number with an
     optional unit `s` (the default), `m`, `h`, `d` or `w`, or its word (`7d`, `7 days`,
     `36h`, `90`) → seconds.  Raises ProtocolError."""
-    m = _AGE_RE.fullmatch(text.strip().lower())
+    m = re.fullmatch(_AGE_PATTERN, text.strip().lower(), re.ASCII)
     if m is None:
         raise ProtocolError(f"invalid age {text} (a number with s, m, h, d or w, e.g. 7d)")
     unit = next((u for u, g in zip("smhdw", m.groups()[1:]) if g), "s")

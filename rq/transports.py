@@ -250,8 +250,9 @@ class SseStream:
 
 
 class HttpBulk:
-    """The bulk stream over HTTP: each message one `POST …/new_message` on the
-    session's one kept-alive connection, in order, up to the first refusal."""
+    """The bulk stream over HTTP: each batch one `POST …/new_messages` (web.bulkcreate)
+    as NDJSON on the session's kept-alive connection, answered as a
+    `create_messages` frame is; after a refusal no later batch is sent."""
 
     def __init__(self, transport: HttpTransport, name: str) -> None:
         self.transport, self.name = transport, name
@@ -262,21 +263,31 @@ class HttpBulk:
         if self.stopped:
             self.replies.append(["fail", "not created: an earlier message was refused", []])
             return
-        ids: list[str] = []
-        for fields in batch:
-            try:
-                ids.append(self.transport.create(self.name, fields))
-            except Refused as exc:
-                self.stopped = True
-                self.replies.append(["fail", exc.reason, ids])
-                return
-        self.replies.append(["ok", ids])
+        body = "".join(protocol.dumps(fields) + "\n" for fields in batch).encode()
+        reply = self.transport.request("POST", f"q/{self.name}/new_messages", data=body,
+                                       headers={"Content-Type": "application/x-ndjson"})
+        if not (isinstance(reply, list) and reply[:1] == ["ok"]):
+            self.stopped = True
+            reply = bulk_refusal(reply)
+        self.replies.append(reply)
 
     def recv(self) -> Any:
         return self.replies.pop(0)
 
     def close(self) -> None:
         pass
+
+
+def bulk_refusal(reply: Any) -> list[Any]:
+    """A refusal of `new_messages` as a `create_messages` frame's: `["fail", REASON,
+    IDS]`, REASON without the `line N: ` the server puts before it (the client
+    numbers its own lines); the whole-request errors (413, 503, …) created nothing."""
+    if isinstance(reply, list) and len(reply) >= 3 and isinstance(reply[2], list):
+        reason = str(reply[1]).removeprefix(f"line {len(reply[2]) + 1}: ")
+        return ["fail", reason, reply[2]]
+    if isinstance(reply, list) and len(reply) >= 2:
+        return ["fail", str(reply[1]), []]
+    return ["fail", protocol.dumps(reply), []]
 
 
 class HttpTransport:

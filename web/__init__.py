@@ -6,7 +6,8 @@ rq-mgr.  The folder is the repository's top-level web/, installed as the package
 `rq.web` (pyproject.toml), so imports inside it are relative.
 
 Blueprints: `api` (read-only JSON and text routes, metrics), `actions` (every
-POST route: messages, attachments, admin operations, queues), `files` (logs and
+POST route: messages, attachments, admin operations, queues), `bulkcreate`
+(`POST /q/NAME/new_messages`, many messages in one request), `files` (logs and
 attachments with Range, the log stream, tail views), `ui` (HTML pages) and
 `stats` (the analytics Stats pages, issue 5).
 Every change goes through the owning queue process or the manager.
@@ -73,9 +74,9 @@ def create_app(root: str | None = None, *, main: MainConfig | None = None,
     errors.install(app)
     security.install(app)
     limits.install(app)
-    from . import actions, api, consumer, cursors, events, files, stats, ui
-    for blueprint in (api.bp, actions.bp, files.bp, ui.bp, stats.bp, events.bp, consumer.bp,
-                      cursors.bp):
+    from . import actions, api, bulkcreate, consumer, cursors, events, files, stats, ui
+    for blueprint in (api.bp, actions.bp, bulkcreate.bp, files.bp, ui.bp, stats.bp, events.bp,
+                      consumer.bp, cursors.bp):
         app.register_blueprint(blueprint)
 
     @app.context_processor

@@ -37,7 +37,8 @@ def fail(code: int, text: str, headers: dict[str, str] | None = None) -> NoRetur
 
 def wants_json(code: int = 200) -> bool:
     path = request.path
-    if path.endswith(".json") or path == "/search" or path.startswith("/consumer/"):
+    if path.endswith((".json", "/new_messages")) or path == "/search" \
+            or path.startswith("/consumer/"):
         return True
     try:  # a refused body (413) is never parsed again for its x_format
         fmt = request.values.get("x_format") if code != 413 else request.args.get("x_format")
