@@ -18,6 +18,12 @@ through `batch_handler`.  The queue process uses that for create_message, so
 concurrent enqueues share one commit (rq.queue.enqueue) and the request path
 runs on one thread: with a thread per request, eight clients made eight
 threads hand the GIL to each other at every system call.
+
+Replies are written without blocking; what the socket does not take at once is
+left to the I/O thread, which writes it as the client reads (issue 13 part 5:
+a client that never reads its reply holds no thread).  The bytes so held are
+capped (`max_unsent`): over the cap, the connections that stopped reading are
+dropped (rq/sockwrite.py owns those replies and says which go first).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Any
 
 from rq import protocol
 from rq.errors import Fail, ProtocolError
+from rq.sockwrite import MAX_UNSENT, UnsentReplies, Writing
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,7 @@ ACCEPT_PAUSE = 0.1  # after a failed accept (EMFILE), before trying again
 
 
 BAD_REQUEST = ["fail", "bad request"]
+Handed = tuple[socket.socket, bytes, int, threading.Event]  # a reply for the I/O thread
 
 
 def _drain(conn: socket.socket, limit: float = 1.0) -> None:
@@ -87,12 +95,11 @@ def reply_for(outcome: Any, cmd: str) -> Any:
 @dataclass
 class _Job:
     """A request for a worker: call the handler, or send a reply already made
-    (`reply` set; `data` the part of it still unsent)."""
+    (`reply` set: a refusal, sent and drained)."""
     conn: socket.socket
     cmd: str = ""
     arg: str | None = None
     reply: Any = None
-    data: bytes | None = None
 
 
 @dataclass
@@ -109,8 +116,10 @@ class Rq1Server:
     """Serve `handler` (and `batch_handler` for `batch_cmds`) on a Unix socket at `path`."""
 
     def __init__(self, path: str, handler: Handler, *, batch_cmds: Collection[str] = (),
-                 batch_handler: BatchHandler | None = None) -> None:
+                 batch_handler: BatchHandler | None = None,
+                 max_unsent: int = MAX_UNSENT) -> None:
         self.path = path
+        self.max_unsent = max_unsent
         self.handler = handler
         self.batch_cmds = frozenset(batch_cmds) if batch_handler is not None else frozenset()
         self.batch_handler = batch_handler
@@ -137,6 +146,8 @@ class Rq1Server:
         self._free = 0                      # workers that would take a job at once
         self._busy = 0                      # requests read and not yet answered
         self._busy_cond = threading.Condition(self._lock)
+        self._outbox: queue.SimpleQueue[Handed] = queue.SimpleQueue()
+        self._io_closed = False             # set (under _lock) once the I/O thread ended
         for _ in range(SPARE_WORKERS):
             self._add_worker()
         self._io = threading.Thread(target=self._io_loop, name="rq1-io", daemon=True)
@@ -167,38 +178,63 @@ class Rq1Server:
             self._jobs.put(None)  # idle workers exit; busy ones retire after their job
 
     # ------------------------------------------------------------ the I/O thread
-    # Only the I/O thread touches _sel, _reading and _batch.
+    # Only the I/O thread touches _sel, _reading, _unsent and _batch.
     def _io_loop(self) -> None:
         assert self._sock is not None
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._sock, selectors.EVENT_READ)
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._reading: dict[int, _Reading] = {}
+        self._unsent = UnsentReplies(self._sel, self._done, self.max_unsent, READ_TIMEOUT)
         self._batch: list[tuple[socket.socket, str, str | None]] = []
         self._accept_paused_until: float | None = None
         try:
             while not self._stopping:
-                for key, _ in self._sel.select(self._select_timeout()):
-                    if key.fileobj is self._sock:
-                        self._accept()
-                    elif key.fileobj == self._wake_r:
-                        self._drain_wake()
-                    else:
-                        self._read(key.data)
-                self._expire()
-                if self._batch:
-                    batch, self._batch = self._batch, []
-                    self._answer_batch(batch)
+                self._io_pass()
+            self._stop_reading()
+            while self._unsent.writing:  # replies still being written; close() waits for them
+                self._io_pass()
         except Exception:  # a bug here must not leave the socket silently dead
             log.exception("rq1 I/O thread failed")
         finally:
-            for r in self._reading.values():
-                r.conn.close()
+            with self._lock:
+                self._io_closed = True
+            self._take_outbox()
+            self._unsent.end_all()
+            self._stop_reading()
             self._sel.close()
+
+    def _io_pass(self) -> None:
+        for key, _ in self._sel.select(self._select_timeout()):
+            if key.fileobj == self._wake_r:
+                self._drain_wake()  # before the outbox: a hand-over after it wakes us again
+            self._take_outbox()
+            if key.fileobj is self._sock:
+                self._accept()
+            elif isinstance(key.data, Writing):
+                self._unsent.write(key.data)
+            elif isinstance(key.data, _Reading):
+                self._read(key.data)
+        self._expire()
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._answer_batch(batch)
+
+    def _stop_reading(self) -> None:
+        """No more requests: the listening socket and unfinished frames are closed."""
+        assert self._sock is not None
+        for r in self._reading.values():
+            self._sel.unregister(r.conn)
+            r.conn.close()
+        self._reading.clear()
+        if self._sock.fileno() >= 0:
+            if self._accept_paused_until is None:
+                self._sel.unregister(self._sock)
             self._sock.close()
 
     def _select_timeout(self) -> float | None:
         deadlines = [r.deadline for r in self._reading.values()]
+        deadlines += self._unsent.deadlines()
         if self._accept_paused_until is not None:
             deadlines.append(self._accept_paused_until)
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
@@ -213,6 +249,7 @@ class Rq1Server:
         assert self._sock is not None
         deadline = time.monotonic() + READ_TIMEOUT
         for _ in range(ACCEPT_PER_PASS):
+            self._take_outbox()  # a worker's start may wait long for the GIL: keep up
             try:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -287,7 +324,9 @@ class Rq1Server:
         now = time.monotonic()
         for r in [r for r in self._reading.values() if r.deadline <= now]:
             self._finish(r, True, ("", None))
-        if self._accept_paused_until is not None and self._accept_paused_until <= now:
+        self._unsent.expire(now)
+        if self._accept_paused_until is not None and self._accept_paused_until <= now \
+                and not self._stopping:
             self._accept_paused_until = None
             assert self._sock is not None
             self._sel.register(self._sock, selectors.EVENT_READ)
@@ -314,8 +353,42 @@ class Rq1Server:
             if sent == len(data):
                 conn.close()
                 self._done()
-            else:  # the rest (or the refusal and its drain) may block: a worker's job
-                self._dispatch(_Job(conn, cmd, reply=reply, data=data[sent:]))
+            elif reply == BAD_REQUEST:  # the refusal and its drain may block: a worker's job
+                self._dispatch(_Job(conn, cmd, reply=reply))
+            else:
+                self._unsent.add(conn, data, sent)
+
+    # ------------------------------------------------------------ replies the client has not read
+    def _hand_over(self, conn: socket.socket, data: bytes, sent: int) -> None:
+        """From a worker: the I/O thread writes the rest of `data` (issue 13 part 5).
+        The worker waits until the reply is under the cap, so that workers faster
+        than the I/O thread cannot pile up replies that no cap counts."""
+        taken = threading.Event()
+        with self._lock:
+            if self._io_closed:
+                conn.close()
+                self._done()
+                return
+            self._outbox.put((conn, data, sent, taken))
+            try:
+                os.write(self._wake_w, b"w")
+            except BlockingIOError:
+                pass  # the pipe is full of wake-ups already
+        taken.wait()
+
+    def _take_outbox(self) -> None:
+        """Replies handed over go under the cap before anything else is read."""
+        while True:
+            try:
+                conn, data, sent, taken = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            if self._io_closed:
+                conn.close()
+                self._done()
+            else:
+                self._unsent.add(conn, data, sent)
+            taken.set()
 
     # ------------------------------------------------------------ workers
     def _dispatch(self, job: _Job) -> None:
@@ -347,24 +420,35 @@ class Rq1Server:
                 self._free += 1
 
     def _serve(self, job: _Job) -> None:
-        conn, keep = job.conn, False
+        conn, keep, handed = job.conn, False, False
         try:
             conn.settimeout(READ_TIMEOUT)
-            reply, data = job.reply, job.data
+            reply = job.reply
             if reply is None:
                 reply = self._call(job.cmd, job.arg, conn)
                 if reply is KEEP_OPEN:
                     keep = True
                     return
-            conn.sendall(protocol.encode_reply(reply) if data is None else data)
+            data = protocol.encode_reply(reply)
             if reply == BAD_REQUEST:
+                conn.sendall(data)
                 _drain(conn)
+                return
+            conn.setblocking(False)  # what the client does not take now: the I/O thread's
+            try:
+                sent = conn.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            if sent < len(data):
+                handed = True
+                self._hand_over(conn, data, sent)
         except OSError:
             pass  # client went away; nothing to answer
         finally:
-            if not keep:
+            if not keep and not handed:
                 conn.close()
-            self._done()
+            if not handed:
+                self._done()
 
     def _call(self, cmd: str, arg: str | None, conn: socket.socket) -> Any:
         try:

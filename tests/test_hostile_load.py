@@ -18,7 +18,9 @@ be answered (a trickled create is an `ok`), and no daemon has died.
 
 The rq1 half: a real queue process, 1,000 idle connections, a 100 MB length header, and
 clients that never read a 1 MB reply; `ping` and `create_message` keep answering and the
-queue process's memory stays bounded.
+queue process's memory stays bounded: 250 such clients (225 MB of replies) leave its USS
+under the cap on unsent replies (rq/sockwrite.py) plus a margin, the connections that do
+not read dropped with one log line, and a client that reads still gets whole replies.
 
 The test raises its soft RLIMIT_NOFILE (children inherit it) and skips, naming the limit,
 when the hard limit is below NOFILE_NEEDED.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import select
 import selectors
 import signal
 import socket
@@ -45,7 +48,7 @@ import pytest
 from rqtest import REPO, QueueProc, make_queue, make_root, wait_for
 from webtest import build_root, http_head, rq_mgr
 
-from rq import client, protocol
+from rq import client, protocol, sockwrite
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -422,10 +425,91 @@ def test_rq1_socket_serves_others_under_hostile_clients(sockq: QueueProc) -> Non
               f"ping/create p99 {p99(times) * 1000:.1f} ms, max {max(times) * 1000:.1f} ms; "
               f"queue RSS before {base_rss / 2**20:.0f} MiB, {memory.stop()}")
         assert max(times) < 1.0
-        # A deaf client pins its reply (and a worker) until the send times out
-        # (READ_TIMEOUT): measured ~3 MiB each for this 0.9 MB reply, 58 MiB for 20.
+        # A deaf client's reply is held (no thread) until it is sent, dropped over the
+        # cap (the next test) or READ_TIMEOUT passes: 20 of them stay under the cap.
         assert memory.rss - base_rss < 128 * 2**20
     finally:
         memory.stop()
         close_all(idle + deaf)
+    assert sockq.call("ping") == ["pong"]
+
+
+DEAF = 250          # clients asking for a BIG reply and never reading it: 225 MB uncapped
+BIG = 900_000
+UNSENT_CAP = 32 * 2**20    # rq.sockwrite.MAX_UNSENT, the documented default
+MEMORY_MARGIN = 48 * 2**20  # replies in the workers, readers' replies, glibc arenas
+
+
+def ask_and_never_read(path: str, request: bytes) -> socket.socket:
+    """Send `request`, wait until its reply starts to arrive (so the flood goes at the
+    queue's pace: this is about memory, not CPU), then never read it."""
+    sock = socket.socket(socket.AF_UNIX)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(path)
+    sock.sendall(request)
+    assert select.select([sock], [], [], 30)[0], "no reply started within 30 s"
+    return sock
+
+
+def read_to_eof(sock: socket.socket) -> int:
+    sock.settimeout(30)
+    got = 0
+    try:
+        while chunk := sock.recv(1 << 20):
+            got += len(chunk)
+    except OSError:
+        pass
+    return got
+
+
+def test_rq1_caps_the_memory_held_for_replies_never_read(sockq: QueueProc) -> None:
+    """Issue 13 part 5 (S7.1): DEAF clients ask for a 0.9 MB `get_message` reply and never
+    read it, 225 MB in all.  The queue holds at most UNSENT_CAP for them (USS
+    under the cap plus a margin), drops the connections that do not read with one log
+    line, and meanwhile answers `ping` and `create_message` within 1 s and gives a client
+    that reads its whole 0.9 MB reply, never a cut one.  Without the cap the USS grows by
+    the whole 225 MB (and, before issue 13, every deaf client also held a thread)."""
+    assert sockwrite.MAX_UNSENT == UNSENT_CAP
+    path = str(Path(sockq.root, "queue", "p", "queue.sock"))
+    ids = [sockq.call("create_message", {"dest": "x", "param1": c * BIG})[1] for c in "abc"]
+    log_path = Path(sockq.root, "log", "queuemgr.log")
+    offset = log_path.stat().st_size
+    memory = PeakMemory(sockq.popen.pid)
+    base_uss = memory.proc.memory_full_info().uss
+    deaf: list[socket.socket] = []
+
+    def flood() -> None:
+        for i in range(DEAF):
+            request = protocol.encode_request("get_message", {"msg_id": ids[i % 3]})
+            deaf.append(ask_and_never_read(path, request))
+    flooding = threading.Thread(target=flood)
+    times: list[float] = []
+    reads = 0
+    try:
+        flooding.start()
+        while flooding.is_alive() or reads < 5:
+            pong, took = timed(lambda: sockq.call("ping", timeout=5))
+            assert pong == ["pong"]
+            made, took2 = timed(lambda: sockq.call("create_message", {"dest": "m"}, timeout=5))
+            assert made[0] == "ok", made
+            times += [took, took2]
+            got = sockq.call("get_message", {"msg_id": ids[reads % 3]}, timeout=30)
+            assert got[1]["param1"] == "abc"[reads % 3] * BIG  # whole, never cut
+            reads += 1
+        flooding.join(60)
+        peak = memory.stop()
+        print(f"\nrq1 with {DEAF} clients never reading a 0.9 MB reply: ping/create p99 "
+              f"{p99(times) * 1000:.1f} ms, max {max(times) * 1000:.1f} ms; {reads} whole "
+              f"replies read meanwhile; queue USS before {base_uss / 2**20:.0f} MiB, {peak}")
+        assert max(times) < 1.0
+        assert memory.uss - base_uss < UNSENT_CAP + MEMORY_MARGIN
+        frame = len(protocol.encode_reply(sockq.call("get_message", {"msg_id": ids[0]})))
+        whole = sum(read_to_eof(sock) == frame for sock in deaf)
+        assert whole <= UNSENT_CAP // BIG + 2, f"{whole} of {DEAF} deaf clients " \
+            "got their whole reply: none was dropped"
+        logged = log_path.read_bytes()[offset:].decode(errors="replace")
+        assert logged.count("dropping the connections that do not read") == 1, logged
+    finally:
+        memory.stop()
+        close_all(deaf)
     assert sockq.call("ping") == ["pong"]

@@ -1,30 +1,40 @@
-"""Power loss, kept as a test (issue 13, part 2; S0.3, S2.7, S4.1, S13).
+"""Power loss, kept as a test (issue 13, part 2; S0.3, S2.7, S4.1, S9.3, S12.1, S13).
 
-One real run is recorded: rq-mgr with rq-web and four queues, every daemon started with
-RQ_FS_RECORD so each spool operation is appended to one operation log (rq/fsrecord.py) as
-it takes effect.  Clients create messages over the queue socket and over HTTP
-(`POST /q/NAME/new_message`) and log `ack QUEUE ID` right after each `ok`; the queue script
-finishes them done, asks a resend first, fails them to err, or dups them to another queue
-(S6.4, S6.5, logging the copy's id as an ack once the dup is answered); a coalescing queue
-finishes dups with their parent (S5.3), and a cron entry fires (S9.3).
+One real run of two hosts is recorded: rq-mgr with rq-web on each, the `local` root with
+four queues and the builtin `relay`, the `remote` root with the queue `test` the relay
+delivers to.  Every daemon is started with RQ_FS_RECORD, so each spool operation of either
+host is appended to one operation log (rq/fsrecord.py) as it takes effect; the relay job's
+own durable file (job/relay_id, S12.1) is recorded at the OS seam by a wrapper (RELAY).
+Clients create messages over the queue socket and over HTTP (`POST /q/NAME/new_message`)
+and for the remote host through the relay queue, and log `ack QUEUE ID` right after each
+`ok`; the queue script finishes them done, asks a resend first, fails them to err, or dups
+them to another queue (S6.4, S6.5, logging the copy's id as an ack once the dup is
+answered); a coalescing queue finishes dups with their parent (S5.3), a cron entry fires
+(S9.3), and the relay preps, commits and marks `relayed` (S12.1's two-phase commit).
 
-tests/crashstates.py then builds the disk after a power loss at many log positions, under
-a model that also drops every write no fsync had made durable yet (names, contents, and any
-subset or reordering of them).  Each state is checked (`check_state`), then recovered as a
-queue process recovers at start (S2.7, in-process) and checked again; a sample is restarted
-with real queue processes until every acknowledged message has finished.  The checks:
+tests/crashstates.py then builds the disk of both hosts after a power loss at many log
+positions, under a model that also drops every write no fsync had made durable yet (names,
+contents, and any subset or reordering of them).  Each state is checked (`check_hosts`),
+then recovered as a queue process recovers at start (S2.7, in-process) and checked again; a
+sample is restarted with real daemons until every acknowledged message has finished.  The
+checks:
 
 * every message acknowledged before the crash point exists, in exactly one state, and not
-  in prep (`rq fsck` finds no problem: notes about an unacknowledged prep/ are allowed);
+  in prep (`rq fsck` finds no problem on either host: notes about an unacknowledged prep/
+  are allowed);
 * the event log reads: every complete line decodes (S13.4 allows a torn tail, which a
   queue reopening the file moves to a sidecar: issue 18 item 4);
 * the cron entry never fired twice for one slot (S9.3);
+* across the hosts (`relay_problems`): a message the sender holds as `relayed` has its copy
+  committed at the remote, never two copies, and a message the remote committed that is
+  still pending at the sender keeps the job/relay_id naming that copy (else its retry would
+  prep a second one: run twice);
 * after a real restart every acknowledged message ends done, or err when the workload
-  asked for err.
+  asked for err, relay ones `relayed` with their remote copy done.
 
-Scale knobs: RQ_POWER_MESSAGES (socket creates, default 40; HTTP adds half as many),
-RQ_POWER_STATES (crash states checked, default 520), RQ_POWER_RESTARTS (states restarted
-with real queue processes, default 6), RQ_POWER_SEED.
+Scale knobs: RQ_POWER_MESSAGES (socket creates, default 40; HTTP adds half as many, the
+relay a quarter), RQ_POWER_STATES (crash states checked, default 520), RQ_POWER_RESTARTS
+(states restarted with real daemons, default 3), RQ_POWER_SEED.
 """
 
 from __future__ import annotations
@@ -36,19 +46,21 @@ import shutil
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 from crashstates import MODES, Recording
-from rqtest import QueueProc, free_port, make_queue, make_root, short_id, wait_for, write_script
-from webtest import EnvMgr
+from rqtest import (QueueProc, free_port, make_queue, make_root, short_id, wait_for,
+                    write_script)
+from webtest import EnvMgr, install_builtin
 
 from rq import client
 from rq.config import load_main_config, load_queue_config
 from rq.events import decode_line
-from rq.fsck import check_root
+from rq.fsck import Report, check_root
 from rq.fsops import FsOps
 from rq.fsrecord import OpLog
 from rq.queue.leases import Leases
@@ -59,11 +71,56 @@ pytestmark = pytest.mark.timeout(900)
 
 MESSAGES = int(os.environ.get("RQ_POWER_MESSAGES", "40"))
 STATES = int(os.environ.get("RQ_POWER_STATES", "520"))
-RESTARTS = int(os.environ.get("RQ_POWER_RESTARTS", "6"))
+RESTARTS = int(os.environ.get("RQ_POWER_RESTARTS", "3"))
 SEED = int(os.environ.get("RQ_POWER_SEED", "20261213"))
-QUEUES = ("work", "copies", "coal", "cron")
+QUEUES = ("work", "copies", "coal", "cron", "relay")
 KINDS = ("done", "resend", "err", "dup")
+NO_PROXY = {k: None for k in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy",
+                              "NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy")}
 
+# The relay builtin (S12.1) as the relay queue's script, with its own file operations (the
+# durable job/relay_id that guards against a second remote copy after a crash) recorded in
+# the operation log as the daemons' are: the job does them itself, outside rq/fsops.py, so
+# they are recorded at the OS seam (os.fsync, os.rename, os.unlink), a file's content when
+# it is fsynced.  Jobs get no RQ_* variable of their daemon (S6.2): hence POWER_TEST_OPLOG.
+RELAY = r"""
+import os, sys
+from rq.builtin import relay
+from rq.fsrecord import OpLog
+
+if os.environ.get("POWER_TEST_OPLOG"):  # not in a restarted state
+    log = OpLog(os.environ["POWER_TEST_OPLOG"])
+    mine = os.path.dirname(os.path.abspath(os.environ.get("RQ_MSG_DIR") or os.getcwd()))
+    real_fsync, real_rename, real_unlink = os.fsync, os.rename, os.unlink
+
+    def fsync(fd):
+        real_fsync(fd)
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if not path.startswith(mine):
+            return
+        if os.path.isdir(path):
+            log.add("fsyncdir", path=path)
+        else:
+            with open(path, "rb") as f:
+                log.add("write", path=path, data=f.read())
+            log.add("fsync", path=path)
+
+    def rename(src, dst):
+        real_rename(src, dst)
+        if os.path.abspath(dst).startswith(mine):
+            log.add("rename", src=os.path.abspath(src), dst=os.path.abspath(dst))
+
+    def unlink(path):
+        real_unlink(path)
+        if os.path.abspath(path).startswith(mine):
+            log.add("unlink", path=os.path.abspath(path))
+
+    os.fsync, os.rename, os.unlink = fsync, rename, unlink
+sys.exit(relay.main())
+"""
+
+
+REMOTE_SCRIPT = '#!/bin/sh\nsleep 0.2\necho "done relayed here" >&3\n'
 SCRIPT = r"""#!/bin/sh
 # The power-loss workload's queue script: RQ_PARAM1 says what to do.
 case "$RQ_PARAM1" in
@@ -91,21 +148,31 @@ echo "done ok" >&3
 
 
 # ---------------------------------------------------------------- the recorded run
-def build(base: Path) -> Path:
-    root = make_root(base, port=free_port())
+def build(base: Path) -> tuple[Path, Path]:
+    """Two hosts under base/hosts (the recorded tree): `local` with the workload's queues
+    and the builtin relay, `remote` with the queue `test` the relay delivers to."""
     script = write_script(base / "power.sh", SCRIPT)
+    root = make_root(base / "hosts" / "local", port=free_port())
     make_queue(root, "work", script=script, num_workers=3)
     make_queue(root, "copies", script=script, num_workers=2)
     make_queue(root, "coal", script=script, num_workers=1, coalesce_params=[1])
     make_queue(root, "cron", script=script, schedule=[{"cron": "* * * * *", "id": "minute"}])
-    return root
+    install_builtin(root, "relay", num_workers=2, script=str(base / "relay.py"))
+    (base / "relay.py").write_text(RELAY)
+    remote = make_root(base / "hosts" / "remote", port=free_port())
+    # one slow worker: relayed copies wait in the remote's que/, where a commit acknowledged
+    # before its fsync would be lost (with an instant job the move to run/ hid it)
+    make_queue(remote, "test", script=write_script(base / "remote.sh", REMOTE_SCRIPT),
+               num_workers=1)
+    return root, remote
 
 
 class Clients:
     """Socket and HTTP creates; an ack line in the operation log after every ok."""
 
-    def __init__(self, root: Path, log: str) -> None:
+    def __init__(self, root: Path, remote: Path, log: str) -> None:
         self.root, self.log = root, OpLog(log)
+        self.dest = f"http://127.0.0.1:{load_main_config(str(remote)).port}/q/test"
         self.errors: list[str] = []
         self.lock = threading.Lock()
         self.acked = 0
@@ -129,6 +196,13 @@ class Clients:
             reply = requests.post(url, json={"dest": "work", "param1": kind}, timeout=30).json()
             self.check(reply, "work", kind)
 
+    def by_relay(self, rng: random.Random) -> None:
+        """Messages for the remote host: the relay's prep, commit, then `relayed` (S12.1)."""
+        for i in range(MESSAGES // 4):
+            reply = client.call_queue(str(self.root), "relay", "create_message",
+                                      {"dest": self.dest, "param1": f"r{i}"}, timeout=30)
+            self.check(reply, "relay", "relay")
+
     def check(self, reply: Any, queue: str, kind: str) -> None:
         if isinstance(reply, list) and reply[:1] == ["ok"]:
             self.ack(queue, reply[1], kind)
@@ -137,7 +211,7 @@ class Clients:
 
 
 def wait_web(root: Path) -> None:
-    url = f"http://127.0.0.1:{load_main_config(str(root)).port}/q/work.json"
+    url = f"http://127.0.0.1:{load_main_config(str(root)).port}/q.json"
 
     def up() -> bool:
         try:
@@ -148,24 +222,37 @@ def wait_web(root: Path) -> None:
 
 
 def finished(root: Path, acks: list[dict[str, Any]]) -> bool:
+    """Every acknowledged message ended: done or err, relayed for the relay with its remote
+    copy done (S12.1)."""
     states = check_root(str(root)).states
-    return all(states.get(a["queue"], {}).get(a["id"]) in ("done", "err") for a in acks)
+    ends = {"relay": ("relayed",)}
+    if not all(states.get(a["queue"], {}).get(a["id"]) in ends.get(a["queue"], ("done", "err"))
+               for a in acks):
+        return False
+    remote = root.parent.parent / "remote" / "rqroot"
+    done, copies = check_root(str(remote)).states.get("test", {}), remote_copies(remote)
+    return all(copies.get(a["id"]) and done.get(copies[a["id"]][0].split("/")[-1]) == "done"
+               for a in acks if a["queue"] == "relay")
 
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Recording:
     base = tmp_path_factory.mktemp("power")
-    root = build(base)
+    root, remote = build(base)
+    hosts = base / "hosts"
     snapshot = base / "snapshot"
-    shutil.copytree(root, snapshot, symlinks=True)
+    shutil.copytree(hosts, snapshot, symlinks=True)
     log = str(base / "ops.log")
-    mgr = EnvMgr(root, {"RQ_FS_RECORD": log, "POWER_TEST_ACKS": log})
+    env = {**NO_PROXY, "RQ_FS_RECORD": log, "POWER_TEST_ACKS": log, "POWER_TEST_OPLOG": log}
+    mgrs = [EnvMgr(remote, env)]
     try:
+        mgrs.append(EnvMgr(root, env))
         wait_web(root)
-        clients = Clients(root, log)
+        wait_web(remote)
+        clients = Clients(root, remote, log)
         rng = random.Random(SEED)
         threads = [threading.Thread(target=fn, args=(random.Random(rng.random()),))
-                   for fn in (clients.by_socket, clients.by_http)]
+                   for fn in (clients.by_socket, clients.by_http, clients.by_relay)]
         for t in threads:
             t.start()
         for t in threads:
@@ -173,20 +260,27 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Recording:
         assert not clients.errors, clients.errors[:5]
 
         def settled() -> bool:
-            acks = Recording(str(snapshot), str(root), log).acks
+            acks = Recording(str(snapshot), str(hosts), log).acks
             cron = check_root(str(root)).states.get("cron", {})
             return bool(cron) and finished(root, [a for _, a in acks])
         wait_for(settled, 90, interval=0.5, what="every acknowledged message to finish")
     finally:
-        mgr.stop()
-    rec = Recording(str(snapshot), str(root), log)
-    rec.real_root = str(root)  # type: ignore[attr-defined]
+        for mgr in reversed(mgrs):
+            mgr.stop()
+    rec = Recording(str(snapshot), str(hosts), log)
+    rec.real_root = str(hosts)  # type: ignore[attr-defined]
     return rec
 
 
+def roots(hosts: Path) -> tuple[Path, Path]:
+    """The local and the remote root of a tree of hosts (the run's or a crash state's)."""
+    return hosts / "local" / "rqroot", hosts / "remote" / "rqroot"
+
+
 # ---------------------------------------------------------------- checks of one state
-def check_state(root: str, acks: list[dict[str, Any]], *, recovered: bool) -> list[str]:
-    report = check_root(root)
+def check_state(root: str, acks: list[dict[str, Any]], *, recovered: bool,
+                report: Report | None = None) -> list[str]:
+    report = report or check_root(root)
     problems = list(report.problems)
     for ack in acks:
         state = report.states.get(ack["queue"], {}).get(ack["id"])
@@ -195,13 +289,13 @@ def check_state(root: str, acks: list[dict[str, Any]], *, recovered: bool) -> li
                             f"is {state or 'missing'}")
     # a queue that reopened a file moved its torn tail to a sidecar (S13.4, issue 18 item 4):
     # no undecodable line is left inside a file, before or after recovery
-    problems += cron_twice(root) + event_log_problems(root, torn_lines=0)
+    problems += cron_twice(root, report) + event_log_problems(root, torn_lines=0)
     return problems
 
 
-def cron_twice(root: str) -> list[str]:
+def cron_twice(root: str, report: Report) -> list[str]:
     slots: dict[Any, list[str]] = {}
-    for msg_id, state in check_root(root).states.get("cron", {}).items():
+    for msg_id, state in report.states.get("cron", {}).items():
         path = Path(root, "queue", "cron", state)
         found = next(path.rglob(msg_id), None) if state in ("done", "relayed") else path / msg_id
         try:
@@ -226,50 +320,128 @@ def event_log_problems(root: str, *, torn_lines: int) -> list[str]:
     return out
 
 
-def recover_in_process(root: str) -> None:
-    """What each queue process does at start before serving (S2.7)."""
-    main = load_main_config(root)
-    for name in QUEUES:
-        cfg, _ = load_queue_config(root, name)
+def remote_copies(remote: Path) -> dict[str, list[str]]:
+    """orig_msg_id -> the committed remote messages (S12.1 puts the local id there)."""
+    out: dict[str, list[str]] = {}
+    for state in ("que", "run", "done", "relayed", "err"):
+        for path in (remote / "queue" / "test" / state).glob("**/msg"):
+            try:
+                msg = json.loads(path.read_bytes())
+            except (OSError, ValueError):
+                continue
+            out.setdefault(short_id(str(msg.get("orig_msg_id", ""))), []).append(
+                f"{state}/{path.parent.name}")
+    return out
+
+
+def relay_problems(local: Path, remote: Path,
+                   reports: tuple[Report, Report] | None = None) -> list[str]:
+    """S12.1 across the two hosts: `relayed` only after the remote commit; never two
+    committed copies; and a message the remote committed that is still pending at the
+    sender keeps the job/relay_id naming that copy, so its retry cannot make another."""
+    mine_report, remote_report = reports or (check_root(str(local)), check_root(str(remote)))
+    problems = [f"remote: {p}" for p in remote_report.problems]
+    copies = remote_copies(remote)
+    for msg_id, state in mine_report.states.get("relay", {}).items():
+        mine = copies.get(msg_id, [])
+        if state == "relayed" and not mine:
+            problems.append(f"relay/{msg_id} is relayed but the remote has no copy")
+        if len(mine) > 1:
+            problems.append(f"relay/{msg_id} has {len(mine)} remote copies: {mine}")
+        if state in ("que", "run") and mine:
+            try:
+                relay_id = (local / "queue" / "relay" / state / msg_id / "job" /
+                            "relay_id").read_text().strip()
+            except OSError:
+                relay_id = "(none)"
+            if relay_id.rsplit("/", 1)[-1] != mine[0].split("/")[-1]:
+                problems.append(f"relay/{msg_id} is {state} while the remote committed "
+                                f"{mine[0]}, relay_id {relay_id}: a retry would copy it again")
+    return problems
+
+
+def recover_in_process(root: Path) -> None:
+    """What each queue process of `root` does at start before serving (S2.7)."""
+    main = load_main_config(str(root))
+    for qdir in sorted((root / "queue").iterdir()):
+        cfg, _ = load_queue_config(str(root), qdir.name)
         state = QueueState(main, cfg, FsOps(), lambda: None)
         recover(state, Leases(state))
         state.events.close()
 
 
-def restart_and_finish(root: Path, acks: list[dict[str, Any]]) -> list[str]:
-    """Real queue processes on the state until every acknowledged message finished."""
-    procs = []
+def in_parallel(calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run `calls` in threads; their results in order (the first exception raised)."""
+    out: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            out[i] = calls[i]()
+        except BaseException as exc:  # re-raised below, in the test's thread
+            out[i] = exc
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for result in out:
+        if isinstance(result, BaseException):
+            raise result
+    return out
+
+
+def restart_and_finish(hosts: Path, acks: list[dict[str, Any]]) -> list[str]:
+    """Real daemons on the state, started together: rq-mgr on the remote host (the relay
+    needs its rq-web) and the local queue processes, until every acknowledged message
+    finished."""
+    root, remote = roots(hosts)
+    procs: list[Any] = []
     try:
-        for name in ("copies", "coal", "cron", "work"):  # a dup's target first (S6.5)
-            procs.append(QueueProc(root, name))
+        # a dup's target first (S6.5 refuses a dup to a queue not answering yet)
+        for wave in ([lambda: EnvMgr(remote, NO_PROXY), lambda: QueueProc(root, "copies")],
+                     [lambda q=q: QueueProc(root, q) for q in QUEUES if q != "copies"]):
+            procs += in_parallel(wave)
+        wait_web(remote)
         wait_for(lambda: finished(root, acks), 60, interval=0.2,
                  what="every acknowledged message to finish after the restart")
     finally:
-        for proc in procs:
-            proc.stop()
+        in_parallel([proc.stop for proc in procs])
     states = check_root(str(root)).states
     wrong = [f"{a['queue']}/{a['id']} ({a['kind']}) ended {states[a['queue']][a['id']]}"
              for a in acks if (states[a["queue"]][a["id"]] == "err") != (a["kind"] == "err")]
-    return wrong + check_root(str(root)).problems + event_log_problems(str(root), torn_lines=0)
+    return wrong + check_root(str(root)).problems + relay_problems(root, remote) \
+        + event_log_problems(str(root), torn_lines=0)
+
+
+def check_hosts(hosts: Path, acks: list[dict[str, Any]], *, recovered: bool) -> list[str]:
+    local, remote = roots(hosts)
+    reports = check_root(str(local)), check_root(str(remote))
+    return (check_state(str(local), acks, recovered=recovered, report=reports[0])
+            + relay_problems(local, remote, reports)
+            + event_log_problems(str(remote), torn_lines=0))
 
 
 # ---------------------------------------------------------------- the tests
 def test_the_log_replays_to_the_real_run(recording: Recording) -> None:
     """The recorder missed nothing: replaying the whole log onto the snapshot gives the
-    messages of the real root, each in the same state."""
+    messages of both real roots, each in the same state."""
     assert not recording.gaps, recording.gaps[:5]
     kinds = {a["kind"] for _, a in recording.acks}
-    assert {"done", "resend", "err", "dup", "copy"} <= kinds or MESSAGES < 20, kinds
+    assert {"done", "resend", "err", "dup", "copy", "relay"} <= kinds or MESSAGES < 20, kinds
     target = Path(recording.root).parent / "replayed"
     recording.build(len(recording.records), "all", random.Random(0), str(target))
-    real = check_root(recording.real_root).states  # type: ignore[attr-defined]
-    assert check_root(str(target)).states == real
-    assert real["cron"], "the cron entry fired"
+    for real, replayed in zip(roots(Path(recording.real_root)),  # type: ignore[attr-defined]
+                              roots(target)):
+        assert check_root(str(replayed)).states == check_root(str(real)).states
+    local, remote = roots(target)
+    assert check_root(str(local)).states["cron"], "the cron entry fired"
+    assert "relayed" in check_root(str(local)).states["relay"].values()
+    assert not relay_problems(local, remote)
 
 
 def test_power_loss_states(recording: Recording, tmp_path: Path) -> None:
-    """STATES crash states: each checked, recovered in-process and checked again; a
-    sample restarted with real queue processes until every acked message finished."""
+    """STATES crash states of both hosts at once: each checked, recovered in-process and
+    checked again; a sample restarted with real daemons until every acked message finished."""
     rng = random.Random(SEED)
     points = recording.crash_points()
     plan = [(rng.choice(points), MODES[i % len(MODES)]) for i in range(STATES)]
@@ -284,11 +456,11 @@ def test_power_loss_states(recording: Recording, tmp_path: Path) -> None:
             target = work / f"s{n}"
             acks = recording.build(k, mode, random.Random(rng.random()), str(target))
             where = f"state {n} (crash at log line {k}, {mode})"
-            failures += [f"{where}: {p}" for p in check_state(str(target), acks,
-                                                               recovered=False)]
-            recover_in_process(str(target))
+            failures += [f"{where}: {p}" for p in check_hosts(target, acks, recovered=False)]
+            for root in roots(target):
+                recover_in_process(root)
             failures += [f"{where}, recovered: {p}"
-                         for p in check_state(str(target), acks, recovered=True)]
+                         for p in check_hosts(target, acks, recovered=True)]
             if n in restart:
                 failures += [f"{where}, restarted: {p}"
                              for p in restart_and_finish(target, acks)]

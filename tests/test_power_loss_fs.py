@@ -1,11 +1,11 @@
 """Power loss on a real file system, frozen under a loop device (issue 13, part 2, first
-model; SPEC S0.3, S2.7, S4.1, S11, S12.1).
+model; SPEC S0.3, S2.7, S4.1, S12.1).
 
 Two roots live on one small ext4 file system mounted from a loop device: `local` runs the
 power-loss workload of tests/test_power_loss.py (creates over the queue socket and over
 HTTP, jobs finishing done, resending, failing to err, dup'ing to another queue, a coalescing
 queue, a cron entry) plus the builtin `relay` queue, which relays messages to the `remote`
-root's queue over HTTP with S11's two-phase commit (prep, commit, then `relayed`).  While
+root's queue over HTTP with S12.1's two-phase commit (prep, commit, then `relayed`).  While
 the clients keep creating, the file system is frozen at random moments (`fsfreeze
 --freeze`: writes block, what was written is on the device), the block device is copied,
 and it is thawed again.  An ack counts for a state when the client had it before the freeze
@@ -16,8 +16,10 @@ configs holds; mounting replays ext4's journal as after a power loss) and checke
 
 * every acknowledged message exists, in one state, not in prep; `rq fsck` finds no problem
   in either root; the event logs read; cron never fired twice for a slot;
-* S11: a message the local relay queue holds as `relayed` has its copy committed at the
-  remote, and no local message has two committed copies there;
+* S12.1: a message the local relay queue holds as `relayed` has its copy committed at the
+  remote, no local message has two committed copies there, and one the remote committed
+  that is still pending locally keeps the job/relay_id naming that copy
+  (test_power_loss.relay_problems, shared with the op-log model);
 * after the in-process recovery of S2.7 the same holds, with nothing left in `run`;
 * a sample is started with real rq-mgr daemons on both roots until every acknowledged
   message has finished (relay ones `relayed`, their remote copies done).
@@ -43,17 +45,13 @@ from typing import Any
 import pytest
 import requests
 from rqtest import free_port, make_queue, make_root, short_id, wait_for, write_script
-from test_power_loss import KINDS, SCRIPT, check_state
+from test_power_loss import (KINDS, NO_PROXY, SCRIPT, check_state, recover_in_process,
+                             relay_problems, remote_copies)
 from webtest import DONE_SCRIPT, EnvMgr, install_builtin
 
 from rq import client
-from rq.config import load_main_config, load_queue_config
 from rq.errors import RQError
 from rq.fsck import check_root
-from rq.fsops import FsOps
-from rq.queue.leases import Leases
-from rq.queue.recovery import recover
-from rq.queue.state import QueueState
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -70,9 +68,6 @@ FS_SCRIPT = SCRIPT.replace(
     '    "fail couldn\'t connect"*) echo "resend 1-target not answering yet" >&3; exit 0 ;;\n'
     '    *) echo "err dup refused')
 assert FS_SCRIPT != SCRIPT
-NO_PROXY = {k: None for k in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy",
-                              "NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy")}
-
 
 def run(*argv: str) -> str:
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
@@ -262,33 +257,6 @@ def record(fs: FrozenFs, local: Path, remote: Path, remote_port: int, outside: P
 # ---------------------------------------------------------------- the checks
 
 
-def remote_copies(remote: Path) -> dict[str, list[str]]:
-    """orig_msg_id -> the committed remote messages (S12.1 puts the local id there)."""
-    out: dict[str, list[str]] = {}
-    for state in ("que", "run", "done", "relayed", "err"):
-        for path in (remote / "queue" / "test" / state).glob("**/msg"):
-            try:
-                msg = json.loads(path.read_bytes())
-            except (OSError, ValueError):
-                continue
-            out.setdefault(short_id(str(msg.get("orig_msg_id", ""))), []).append(
-                f"{state}/{path.parent.name}")
-    return out
-
-
-def relay_problems(local: Path, remote: Path) -> list[str]:
-    """S11: `relayed` only after the remote commit; never two committed copies."""
-    problems = [f"remote: {p}" for p in check_root(str(remote)).problems]
-    copies = remote_copies(remote)
-    for msg_id, state in check_root(str(local)).states.get("relay", {}).items():
-        if state == "relayed" and not copies.get(msg_id):
-            problems.append(f"relay/{msg_id} is relayed but the remote has no copy")
-        if len(copies.get(msg_id, [])) > 1:
-            problems.append(f"relay/{msg_id} has {len(copies[msg_id])} remote copies: "
-                            f"{copies[msg_id]}")
-    return problems
-
-
 def finished(local: Path, remote: Path, acks: list[dict[str, Any]]) -> bool:
     states = check_root(str(local)).states
     ends = {"relay": ("relayed",)}
@@ -300,16 +268,6 @@ def finished(local: Path, remote: Path, acks: list[dict[str, Any]]) -> bool:
     copies = remote_copies(remote)
     return all(copies.get(i) and done.get(copies[i][0].split("/")[-1]) == "done"
                for i in relayed)
-
-
-def recover_in_process(root: Path) -> None:
-    """What each queue process of `root` does at start before serving (S2.7)."""
-    main = load_main_config(str(root))
-    for qdir in sorted((root / "queue").iterdir()):
-        cfg, _ = load_queue_config(str(root), qdir.name)
-        state = QueueState(main, cfg, FsOps(), lambda: None)
-        recover(state, Leases(state))
-        state.events.close()
 
 
 def status_of(root: Path, ack: dict[str, Any]) -> str:

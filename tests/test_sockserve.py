@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import threading
 import time
@@ -365,3 +366,37 @@ def test_s7_1_random_garbage_is_a_bad_request(served: str, garbage: bytes) -> No
     before closing, so no reply is lost to a reset) and never hurts the daemon."""
     assert decode_reply_frame(raw_exchange(served, garbage)) == BAD_REQUEST
     assert client.call(served, "ping") == ["pong"]
+
+
+def test_over_the_unsent_cap_deaf_clients_are_dropped_and_readers_get_whole_replies(
+        tmp_path: Path) -> None:
+    """Issue 13 part 5: replies that clients do not read are capped (`max_unsent`, here
+    1 MiB): over the cap the connections that take nothing are closed, their frames cut
+    short; a client that reads gets its whole reply, even one larger than the cap."""
+    sizes = {"small": 300_000, "huge": 3_000_000}
+    server = Rq1Server(str(tmp_path / "s.sock"),
+                       lambda cmd, arg, conn: ["ok", "x" * sizes[cmd]], max_unsent=1 << 20)
+    server.start()
+    deaf = []
+    try:
+        for _ in range(8):
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(server.path)
+            sock.sendall(protocol.encode_request("small"))
+            assert select.select([sock], [], [], 10)[0]  # its reply started; never read
+            deaf.append(sock)
+            assert client.call(server.path, "huge") == ["ok", "x" * sizes["huge"]]
+        frame = len(protocol.encode_reply(["ok", "x" * sizes["small"]]))
+        got = []
+        for sock in deaf:
+            sock.settimeout(10)
+            data = b""
+            while chunk := sock.recv(1 << 20):
+                data += chunk
+            got.append(len(data))
+    finally:
+        for sock in deaf:
+            sock.close()
+        server.close()
+    assert sum(n == frame for n in got) <= 4, got   # at most the cap's worth kept whole
+    assert sum(n < frame for n in got) >= 4, got    # the others cut short, never padded
