@@ -5,11 +5,11 @@ at start-up: open files of rq-mgr itself (RLIMIT_NOFILE: it holds each queue's l
 until `ready`, its ready pipe), tasks (every queue process is 1 + QUEUE_THREADS tasks before
 any job runs; kernel.pid_max, kernel.threads-max, RLIMIT_NPROC of a user without
 CAP_SYS_RESOURCE/CAP_SYS_ADMIN, cgroup pids.max) and inotify instances (scandir and timers
-hold one each; queue processes hold none).  `problems()` gives one line per limit that the
-root would exceed, naming the limit, the numbers and how to raise it; rq-mgr refuses to
-start then (SPEC S2.2: start-up fails with one ERROR line, nothing half-started).  What a
-limit hit later (a job that forks a lot) does is unchanged: a spawn that fails is a failed
-start with backoff (S2.3), a queue script that cannot fork fails its message (S6.1).
+hold one each; queue processes none: a shortfall is logged by `warnings()`, not refused).
+`problems()` gives one line per limit that the root would exceed, naming the limit, the
+numbers and how to raise it; rq-mgr refuses to start then (S2.2: start-up fails with one
+ERROR line, nothing half-started).  A limit hit later (a job that forks a lot) is handled as
+before: a spawn that fails is a failed start with backoff (S2.3).
 
 Pure over `Host` (the numbers), so tests can check every rule with plain numbers; `read_host()`
 is the only part that reads /proc, /sys and getrlimit.
@@ -17,12 +17,14 @@ is the only part that reads /proc, /sys and getrlimit.
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 from dataclasses import dataclass
 
 from rq.errors import RQError
 
+log = logging.getLogger(__name__)
 MGR_FDS_BASE = 64      # rq-mgr's own: sockets, logs, event hub, services' pipes, clients
 MGR_FDS_PER_QUEUE = 2  # the lifeline write end and the ready pipe's read end
 QUEUE_THREADS = 7      # loop, socket I/O, socket workers, spares, pipe helpers (measured)
@@ -72,13 +74,19 @@ def problems(host: Host, queues: int) -> list[str]:
             out.append(f"{queues} queues need about {tasks} tasks (processes and threads, "
                        f"before any job runs), {used} are in use, and {name} is {limit}: "
                        f"raise it with {how.format(want, want)}")
-    if host.inotify_in_use + WATCHERS > host.inotify_instances:
-        want = round_up(host.inotify_in_use + WATCHERS)
-        out.append(f"scandir and timers need {WATCHERS} inotify instances, {host.inotify_in_use} "
-                   f"of this user's are in use, and fs.inotify.max_user_instances is "
-                   f"{host.inotify_instances}: raise it with "
-                   f"sysctl -w fs.inotify.max_user_instances={want}")
     return out
+
+
+def warnings(host: Host) -> list[str]:
+    """Shortfalls that do not depend on the number of queues: logged, not refused (the
+    queues run without them; the daemon that needs it shows the failure in `status`)."""
+    if host.inotify_in_use + WATCHERS <= host.inotify_instances:
+        return []
+    want = round_up(host.inotify_in_use + WATCHERS)
+    return [f"scandir and timers need {WATCHERS} inotify instances, {host.inotify_in_use} of "
+            f"this user's are in use, and fs.inotify.max_user_instances is "
+            f"{host.inotify_instances}: raise it with "
+            f"sysctl -w fs.inotify.max_user_instances={want}"]
 
 
 def round_up(n: int) -> int:
@@ -168,7 +176,11 @@ def user_usage(uid: int, *, count_inotify: bool) -> tuple[int, int]:
 
 
 def check(queues: int) -> None:
-    """Raise RQError (rq-mgr start's ERROR line) when `queues` would exceed a host limit."""
-    found = problems(read_host(), queues)
+    """Raise RQError (rq-mgr start's ERROR line) when `queues` would exceed a host limit;
+    log what only some daemons need."""
+    host = read_host()
+    for line in warnings(host):
+        log.warning("%s", line)
+    found = problems(host, queues)
     if found:
         raise RQError("ERROR: cannot start: " + "; ".join(found))
