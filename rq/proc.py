@@ -304,6 +304,46 @@ def reap_any() -> list[tuple[int, int, bool]]:
         done.append((pid, os.waitstatus_to_exitcode(status), core))
 
 
+def fork_adopted(keep: list[int]) -> tuple[int, int] | int:
+    """Fork a process that our parent, a child subreaper, adopts (rq.queue.forkserver):
+    through a middle process that forks it and exits at once.  0 in the new process (its
+    own session; fds 0-2 and `keep` only, as `close_fds=True`), else (the middle's pid, the
+    read end of a pipe that gets the new pid, or -errno, then EOF).  Wait for the middle
+    before telling the parent the pid: its exit is what hands the new process over."""
+    pipe_r, pipe_w = os.pipe()
+    try:
+        middle = os.fork()
+    except OSError:
+        os.close(pipe_r)
+        os.close(pipe_w)
+        raise
+    if middle == 0:  # the middle process: fork, report, exit
+        os.close(pipe_r)
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.write(pipe_w, str(-(exc.errno or 1)).encode())
+            os._exit(1)
+        if pid:
+            os.write(pipe_w, str(pid).encode())
+            os._exit(0)
+        os.setsid()
+        keep_only([0, 1, 2, *keep])
+        return 0
+    os.close(pipe_w)
+    return middle, pipe_r
+
+
+def keep_only(fds: list[int]) -> None:
+    """Close every descriptor but `fds` (as `close_fds=True` of a spawn does)."""
+    last = 0
+    for fd in sorted(set(fds)):
+        if fd > last:  # closerange(n, n) closes from n upwards on Python 3.11
+            os.closerange(last, fd)
+        last = fd + 1
+    os.closerange(last, os.sysconf("SC_OPEN_MAX"))
+
+
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 

@@ -1,26 +1,26 @@
 """The queue fork server (issue 17): queue processes forked from one preloaded parent.
 
 `python -m rq.queue.forkserver --sock-fd F`, started by rq-mgr (rq.mgr.spawner) with one end
-of a socket pair.  It imports what a queue process runs (rq.queue.process and everything
-under it) once, then, for each request on the socket (`{"argv": [...]}` plus two file
-descriptors, the lifeline read end and the ready write end, as SCM_RIGHTS), forks and
-answers `{"pid": N}` or `{"error": TEXT}`.  The forked process does what
+of a socket pair.  Once, it imports what a queue process runs and runs one throw-away queue
+(rq.queue.__main__.warm_up); then, for each request on the socket (`{"id": I, "argv": [...]}`
+plus the lifeline read end and the ready write end as SCM_RIGHTS), it forks and answers
+`{"id": I, "pid": N}` or `{"id": I, "error": TEXT}`.  The forked process does what
 `python -m rq.queue ARGV --lifeline-fd L --ready-fd R` does, from `rq.queue.__main__.main`
 on: a program you can still run by hand that way (STYLE habit 8); only its start is cheaper.
 
 Why fork, here only: a fresh interpreter costs each queue process ~0.3 s CPU of imports and
-~14 MiB of private memory; a fork shares the imported code and module objects copy-on-write.
-`gc.freeze()` before each fork moves every object the parent holds into the collector's
-permanent generation, so a collection in a child never writes to (and so never copies) them.
-The fork server is single-threaded (no lock can be copied held) and never runs a queue.
+~14 MiB of private memory; a fork shares the imported code, module objects and specialised
+bytecode copy-on-write.  `gc.freeze()` before each fork moves every object the server holds
+into the collector's permanent generation, so a child's collections never write to them.
+The server is single-threaded (no lock can be copied held) and never runs a queue itself.
 
-Why a double fork: the queue process must be rq-mgr's child, so that rq-mgr reaps it and
-reads its exit status exactly as for a process it spawned itself (S2.3).  rq-mgr is a child
-subreaper (PR_SET_CHILD_SUBREAPER, rq.proc.become_subreaper): the middle process forks the
-queue process and exits at once, the kernel hands its orphan to rq-mgr, and only then (the
-middle one reaped) does this server answer with the pid, so rq-mgr can waitpid it at once.
-The queue process calls setsid() like `start_new_session=True` (its own session and process
-group; its jobs get their own, S6.3), and keeps only fds 0-2 and its two pipes.
+Why a double fork (rq.proc.fork_adopted): the queue process must be rq-mgr's own child, so
+that rq-mgr reaps it and reads its exit status exactly as for a process it spawned (S2.3).
+rq-mgr is a child subreaper (rq.proc.become_subreaper): a middle process forks the queue
+process and exits at once, the kernel hands the orphan to rq-mgr, and only once the middle
+one is reaped does the server answer with the pid.  The queue process has its own session
+and process group, as with `start_new_session=True` (its jobs get their own, S6.3), and
+keeps only fds 0-2 and its two pipes.
 
 EOF on the socket (rq-mgr closed it, or died) ends the server; its queue processes are not
 its children and go on under rq-mgr, watching their own lifelines (S2.1).
@@ -31,23 +31,18 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import logging
 import os
 import select
-import signal
 import socket
 import sys
-import tempfile
 import threading
-import time
 
 import setproctitle
 
 import rq.queue.__main__ as queue_main
-import rq.queue.process  # noqa: F401 - preloaded: what every queue process runs
+from rq import proc
 
 MAX_REQUEST = 65536
-WARM_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     setproctitle.setproctitle(args.title)
     threading.stack_size(THREAD_STACK)  # inherited: 1 MiB of address space, not 8, per thread
     sock = socket.socket(fileno=args.sock_fd)
-    warm_up()
+    queue_main.warm_up()  # imports and runs what every queue process runs, once
     gc.disable()  # enabled again in each queue process (gc.freeze() docs)
     sock.sendall(b'{"ready": true}')
     queue_argv = Server(sock).serve()
@@ -70,51 +65,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 THREAD_STACK = 1024 * 1024  # a queue process's threads parse frames and JSON, no deep recursion
-
-
-def warm_up() -> None:
-    """Run a throw-away queue once (start, serve, stop) in a temporary root, so what every
-    queue process would otherwise do for itself is done once, here, and shared: the
-    interpreter's specialised bytecode (Python 3.11 rewrites code objects as they run),
-    caches and lazily made objects.  Then single-threaded again, signals as they were."""
-    from rq.config import load_main_config, load_queue_config
-    from rq.fsops import FsOps
-    from rq.queue.process import QueueProcess
-    from rq.store import STATES
-
-    saved = {sig: signal.getsignal(sig) for sig in WARM_SIGNALS}
-    level = logging.root.manager.disable
-    logging.disable(logging.CRITICAL)
-    try:
-        with tempfile.TemporaryDirectory(prefix="rq-warm-") as root:
-            qdir = os.path.join(root, "queue", "warm")
-            for sub in ("config", *(os.path.join("queue", "warm", s) for s in STATES)):
-                os.makedirs(os.path.join(root, sub))
-            write_json(os.path.join(root, "config", "config.json"),
-                       {"env": "warm", "host": "localhost", "port": 1, "addr": "127.0.0.1"})
-            write_json(os.path.join(qdir, "config.json"),
-                       {"name": "warm", "script": "/bin/true", "exec_prefix": ""})
-            life_r, life_w = os.pipe()
-            os.close(life_w)  # EOF at once: it starts, sees the manager gone, stops
-            cfg, _ = load_queue_config(root, "warm")
-            fs = FsOps()
-            fs.spares = False  # no spare directories made (and fsynced) for nothing
-            QueueProcess(load_main_config(root), cfg, fs, lifeline_fd=life_r).run()
-    except Exception:  # only a lost optimisation
-        pass
-    finally:
-        logging.disable(level)
-        signal.set_wakeup_fd(-1)
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-    deadline = time.monotonic() + 5
-    while threading.active_count() > 1 and time.monotonic() < deadline:
-        time.sleep(0.01)  # its daemon threads see the stop and end
-
-
-def write_json(path: str, obj: object) -> None:
-    with open(path, "w") as fh:
-        json.dump(obj, fh)
 
 
 class Server:
@@ -157,11 +107,13 @@ class Server:
             self.reply({"error": f"bad request: {exc}"})
             return None
         try:
-            forked = fork_queue(self.sock, fds)
+            gc.freeze()  # every object so far: never touched by a child's collector
+            forked = proc.fork_adopted(fds)
         except OSError as exc:
             forked = None
             self.reply({"id": rid, "error": f"cannot fork: {exc.strerror or exc}"})
         if forked == 0:
+            self.sock.detach()  # closed by fork_adopted: never close that number again
             return [*argv, "--lifeline-fd", str(fds[0]), "--ready-fd", str(fds[1])]
         close_all(fds)
         if isinstance(forked, tuple):
@@ -187,45 +139,6 @@ class Server:
 
     def reply(self, obj: dict[str, object]) -> None:
         self.sock.sendall(json.dumps(obj).encode())
-
-
-def fork_queue(sock: socket.socket, keep: list[int]) -> tuple[int, int] | int:
-    """Fork the queue process through a middle one: 0 in the queue process, else (the
-    middle's pid, the read end of the pipe it writes the queue process's pid to)."""
-    pipe_r, pipe_w = os.pipe()
-    gc.freeze()
-    try:
-        middle = os.fork()
-    except OSError:
-        os.close(pipe_r)
-        os.close(pipe_w)
-        raise
-    if middle == 0:  # the middle process: fork, report, exit
-        os.close(pipe_r)
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            os.write(pipe_w, str(-(exc.errno or 1)).encode())
-            os._exit(1)
-        if pid:
-            os.write(pipe_w, str(pid).encode())
-            os._exit(0)
-        os.setsid()
-        keep_only([0, 1, 2, *keep])
-        sock.detach()
-        return 0
-    os.close(pipe_w)
-    return middle, pipe_r
-
-
-def keep_only(fds: list[int]) -> None:
-    """Close every descriptor but `fds` (as `close_fds=True` of a spawn does)."""
-    last = 0
-    for fd in sorted(set(fds)):
-        if fd > last:  # closerange(n, n) closes from n upwards on Python 3.11
-            os.closerange(last, fd)
-        last = fd + 1
-    os.closerange(last, os.sysconf("SC_OPEN_MAX"))
 
 
 def close_all(fds: list[int]) -> None:
