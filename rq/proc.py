@@ -304,12 +304,14 @@ def reap_any() -> list[tuple[int, int, bool]]:
         done.append((pid, os.waitstatus_to_exitcode(status), core))
 
 
-def fork_adopted(keep: list[int]) -> tuple[int, int] | int:
-    """Fork a process that our parent, a child subreaper, adopts (rq.queue.forkserver):
-    through a middle process that forks it and exits at once.  0 in the new process (its
-    own session; fds 0-2 and `keep` only, as `close_fds=True`), else (the middle's pid, the
-    read end of a pipe that gets the new pid, or -errno, then EOF).  Wait for the middle
-    before telling the parent the pid: its exit is what hands the new process over."""
+def fork_adopted(keeps: list[list[int]]) -> tuple[int, int] | int:
+    """Fork processes that our parent, a child subreaper, adopts (rq.queue.forkserver):
+    one middle process forks one new process per entry of `keeps`, writing a line
+    `INDEX PID` (or `INDEX -ERRNO`) for each to a pipe, then exits.  In new process i this
+    returns i (its own session; fds 0-2 and keeps[i] only, as `close_fds=True`); here it
+    returns (the middle's pid, the pipe's read end).  Wait for the middle before telling
+    the parent any pid: its exit is what hands the new processes over.  The middles of
+    several batches fork in parallel, each with its own share of the CPU."""
     pipe_r, pipe_w = os.pipe()
     try:
         middle = os.fork()
@@ -317,21 +319,21 @@ def fork_adopted(keep: list[int]) -> tuple[int, int] | int:
         os.close(pipe_r)
         os.close(pipe_w)
         raise
-    if middle == 0:  # the middle process: fork, report, exit
-        os.close(pipe_r)
+    if middle:
+        os.close(pipe_w)
+        return middle, pipe_r
+    os.close(pipe_r)  # the middle process: fork each, report, exit
+    for i, keep in enumerate(keeps):
         try:
             pid = os.fork()
         except OSError as exc:
-            os.write(pipe_w, str(-(exc.errno or 1)).encode())
-            os._exit(1)
-        if pid:
-            os.write(pipe_w, str(pid).encode())
-            os._exit(0)
-        os.setsid()
-        keep_only([0, 1, 2, *keep])
-        return 0
-    os.close(pipe_w)
-    return middle, pipe_r
+            pid = -(exc.errno or 1)
+        if pid == 0:
+            os.setsid()
+            keep_only([0, 1, 2, *keep])
+            return i
+        os.write(pipe_w, f"{i} {pid}\n".encode())
+    os._exit(0)
 
 
 def keep_only(fds: list[int]) -> None:

@@ -29,6 +29,7 @@ its children and go on under rq-mgr, watching their own lifelines (S2.1).
 from __future__ import annotations
 
 import argparse
+import array
 import gc
 import json
 import os
@@ -68,16 +69,17 @@ THREAD_STACK = 1024 * 1024  # a queue process's threads parse frames and JSON, n
 
 
 class Server:
-    """The request loop: many requests in flight (rq-mgr sends a window of them at once and
-    reads the answers, in any order, by `id`), each middle process waited for only once it
-    has written the pid and exited.  A `select.poll` object, not a selector: it holds no
-    descriptor a forked queue process could later close by mistake."""
+    """The request loop: rq-mgr sends a window of requests at once; every request waiting
+    on the socket is read, and the batch is forked by one middle process (rq.proc.
+    fork_adopted), answered by `id` once that middle has exited.  Batches overlap.  A
+    `select.poll` object, not a selector: it holds no descriptor that a forked queue
+    process could later close by mistake."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.poll = select.poll()
         self.poll.register(sock, select.POLLIN)
-        self.middles: dict[int, tuple[object, int]] = {}  # pipe read end -> (id, middle pid)
+        self.middles: dict[int, tuple[list[object], int]] = {}  # pipe -> (ids, middle pid)
 
     def serve(self) -> list[str] | None:
         """Answer requests until EOF (None); in a forked queue process, its argv."""
@@ -86,59 +88,90 @@ class Server:
                 if fd in self.middles:
                     self.answer(fd)
                     continue
-                try:
-                    data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_REQUEST, 2)
-                except OSError:
+                batch = self.read_batch()
+                if batch is None:
                     return None
-                if not data:
-                    return None
-                argv = self.start(data, fds)
+                argv = self.start(batch)
                 if argv is not None:
                     return argv  # the queue process: run it
 
-    def start(self, data: bytes, fds: list[int]) -> list[str] | None:
-        try:
-            req = json.loads(data)
-            rid, argv = req.get("id"), [str(a) for a in req["argv"]]
-            if len(fds) != 2:
-                raise ValueError("want two descriptors")
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            close_all(fds)
-            self.reply({"error": f"bad request: {exc}"})
+    def read_batch(self) -> list[tuple[object, list[str], list[int]]] | None:
+        """Every request waiting on the socket (at least one): [(id, argv, fds)]; None
+        at EOF.  A bad request is answered at once and left out."""
+        batch: list[tuple[object, list[str], list[int]]] = []
+        flags = 0
+        while True:
+            try:
+                data, fds = recv_request(self.sock, flags)
+            except BlockingIOError:
+                return batch
+            except OSError:
+                return None
+            if not data:
+                return None if not batch else batch
+            flags = socket.MSG_DONTWAIT
+            try:
+                req = json.loads(data)
+                if len(fds) != 2:
+                    raise ValueError("want two descriptors")
+                batch.append((req.get("id"), [str(a) for a in req["argv"]], fds))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                close_all(fds)
+                self.reply({"error": f"bad request: {exc}"})
+
+    def start(self, batch: list[tuple[object, list[str], list[int]]]) -> list[str] | None:
+        if not batch:
             return None
         try:
             gc.freeze()  # every object so far: never touched by a child's collector
-            forked = proc.fork_adopted(fds)
+            forked = proc.fork_adopted([fds for _, _, fds in batch])
         except OSError as exc:
             forked = None
-            self.reply({"id": rid, "error": f"cannot fork: {exc.strerror or exc}"})
-        if forked == 0:
+            for rid, _, _ in batch:
+                self.reply({"id": rid, "error": f"cannot fork: {exc.strerror or exc}"})
+        if isinstance(forked, int):
             self.sock.detach()  # closed by fork_adopted: never close that number again
+            _, argv, fds = batch[forked]
             return [*argv, "--lifeline-fd", str(fds[0]), "--ready-fd", str(fds[1])]
-        close_all(fds)
-        if isinstance(forked, tuple):
+        for _, _, fds in batch:
+            close_all(fds)
+        if forked is not None:
             middle, pipe_r = forked
-            self.middles[pipe_r] = (rid, middle)
+            self.middles[pipe_r] = ([rid for rid, _, _ in batch], middle)
             self.poll.register(pipe_r, select.POLLIN)
         return None
 
     def answer(self, pipe_r: int) -> None:
-        """The middle process wrote the pid and exited (EOF): reap it, then answer.  Its
-        exit is what hands the queue process to rq-mgr, so only now may rq-mgr wait on it."""
-        rid, middle = self.middles.pop(pipe_r)
+        """The middle process wrote the pids and exited (EOF): reap it, then answer.  Its
+        exit is what hands the queue processes to rq-mgr: only now may rq-mgr wait on them."""
+        ids, middle = self.middles.pop(pipe_r)
         self.poll.unregister(pipe_r)
         with os.fdopen(pipe_r, "rb") as fh:
-            text = fh.read()
+            lines = fh.read().splitlines()
         os.waitpid(middle, 0)
-        pid = int(text) if text.lstrip(b"-").isdigit() else 0
-        if pid > 0:
-            self.reply({"id": rid, "pid": pid})
-        else:
-            why = os.strerror(-pid) if pid else "the middle process died"
-            self.reply({"id": rid, "error": f"cannot fork: {why}"})
+        pids = dict(line.split() for line in lines if len(line.split()) == 2)
+        for i, rid in enumerate(ids):
+            text = pids.get(str(i).encode(), b"0")
+            pid = int(text) if text.lstrip(b"-").isdigit() else 0
+            if pid > 0:
+                self.reply({"id": rid, "pid": pid})
+            else:
+                why = os.strerror(-pid) if pid else "the middle process died"
+                self.reply({"id": rid, "error": f"cannot fork: {why}"})
 
     def reply(self, obj: dict[str, object]) -> None:
         self.sock.sendall(json.dumps(obj).encode())
+
+
+def recv_request(sock: socket.socket, flags: int) -> tuple[bytes, list[int]]:
+    """One datagram and the descriptors passed with it: socket.recv_fds, which (Python
+    3.11) ignores its `flags`, so MSG_DONTWAIT would block."""
+    fds = array.array("i")
+    data, ancdata, _, _ = sock.recvmsg(MAX_REQUEST, socket.CMSG_LEN(2 * fds.itemsize), flags)
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
 
 
 def close_all(fds: list[int]) -> None:
