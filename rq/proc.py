@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -51,12 +52,40 @@ SPAWN_HELPER = _spawn is not None
 _FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
+class ForkedProcess:
+    """A child of ours we did not start with Popen (the queue fork server's, handed to us
+    as their subreaper, rq.queue.forkserver): Popen's `poll`/`wait` over waitpid."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # not ours after all: never wait on it for ever
+                self.returncode = 255
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.01)  # only at a failed start-up (the web's, never forked)
+        return code
+
+
 @dataclass
 class Daemon:
     """A supervised child: close `lifeline_w` to tell it to stop."""
 
     pid: int
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | ForkedProcess
     lifeline_w: int
     ready_r: int
 
@@ -273,6 +302,79 @@ def reap_any() -> list[tuple[int, int, bool]]:
             return done
         core = os.WIFSIGNALED(status) and os.WCOREDUMP(status)
         done.append((pid, os.waitstatus_to_exitcode(status), core))
+
+
+def fork_adopted(keeps: list[list[int]]) -> tuple[int, int] | int:
+    """Fork processes that our parent, a child subreaper, adopts (rq.queue.forkserver):
+    one middle process forks one new process per entry of `keeps`, writing a line
+    `INDEX PID` (or `INDEX -ERRNO`) for each to a pipe, then exits.  In new process i this
+    returns i (its own session; fds 0-2 and keeps[i] only, as `close_fds=True`); here it
+    returns (the middle's pid, the pipe's read end).  Wait for the middle before telling
+    the parent any pid: its exit is what hands the new processes over.  The middles of
+    several batches fork in parallel, each with its own share of the CPU."""
+    pipe_r, pipe_w = os.pipe()
+    try:
+        middle = os.fork()
+    except OSError:
+        os.close(pipe_r)
+        os.close(pipe_w)
+        raise
+    if middle:
+        os.close(pipe_w)
+        return middle, pipe_r
+    os.close(pipe_r)  # the middle process: fork each, report, exit
+    for i, keep in enumerate(keeps):
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            pid = -(exc.errno or 1)
+        if pid == 0:
+            os.setsid()
+            keep_only([0, 1, 2, *keep])
+            return i
+        os.write(pipe_w, f"{i} {pid}\n".encode())
+    os._exit(0)
+
+
+def keep_only(fds: list[int]) -> None:
+    """Close every descriptor but `fds` (as `close_fds=True` of a spawn does)."""
+    last = 0
+    for fd in sorted(set(fds)):
+        if fd > last:  # closerange(n, n) closes from n upwards on Python 3.11
+            os.closerange(last, fd)
+        last = fd + 1
+    os.closerange(last, os.sysconf("SC_OPEN_MAX"))
+
+
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+
+
+def become_subreaper() -> bool:
+    """Adopt our descendants' orphans (Linux prctl PR_SET_CHILD_SUBREAPER): the queue
+    processes forked by the fork server become our children.  False where unsupported."""
+    import ctypes  # only rq-mgr needs it
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_orphans(known: set[int]) -> list[tuple[int, int]]:
+    """As a subreaper we also inherit orphans that are none of our children (a job
+    whose queue process was killed, S6.8): reap those that exited, [(pid, returncode)].
+    waitid(WNOWAIT) looks without reaping, so a child in `known` is left to its poll()."""
+    done: list[tuple[int, int]] = []
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return done
+        if info is None or info.si_pid in known:
+            return done
+        _, status = os.waitpid(info.si_pid, 0)
+        done.append((info.si_pid, os.waitstatus_to_exitcode(status)))
 
 
 def kill_process(pid: int, sig: int = signal.SIGKILL) -> bool:

@@ -32,6 +32,7 @@ from rq.proc import kill_process, signal_group, spawn_detached
 USAGE = "usage: rq-mgr [--root PATH] start|stop|restart|reload|run|status"
 COMMANDS = ("start", "stop", "restart", "reload", "run", "status")
 START_TIMEOUT = 30.0
+START_PER_QUEUE = 0.05  # issue 17: 1,000 queues on a loaded host may need more than 30 s
 STOP_BASE = 20.0      # S21: 20 s plus the largest kill_grace before SIGKILL
 POLL = 0.05
 # Runs the daemon from the root (S1.2) without a fork of this process.
@@ -133,7 +134,8 @@ RUNNERS = {"status": cmd_status, "reload": cmd_reload, "stop": cmd_stop, "run": 
 
 def start_detached(root: str) -> int:
     """Spawn `python -m rq.mgr` in its own session with stdio on /dev/null and
-    wait up to 30 s for its ready line."""
+    wait up to 30 s (and 50 ms more per queue) for its ready line."""
+    timeout = START_TIMEOUT + START_PER_QUEUE * len(queuedirs.scan(root))
     read_fd, write_fd = os.pipe()
     argv = [sys.executable, "-m", "rq.mgr", "--root", root, "--ready-fd", str(READY_FD)]
     try:
@@ -142,14 +144,14 @@ def start_detached(root: str) -> int:
     finally:
         os.close(write_fd)
     try:
-        line = read_ready_line(read_fd, time.monotonic() + START_TIMEOUT)
+        line = read_ready_line(read_fd, time.monotonic() + timeout)
     finally:
         os.close(read_fd)
     if line == "ready":
         return 0
     if line is None:
-        print("ERROR: rq-mgr did not become ready within 30 seconds, see log/queuemgr.log",
-              file=sys.stderr)
+        print(f"ERROR: rq-mgr did not become ready within {timeout:.0f} seconds, see "
+              "log/queuemgr.log", file=sys.stderr)
         return 1
     reap_soon(pid)
     if line.startswith("fatal "):

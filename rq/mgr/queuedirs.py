@@ -1,25 +1,28 @@
 """What the manager reads and changes in `queue/` (SPEC S2.2, S2.5, S3.2, S3.7).
 
 Owns: which directories are queues to supervise (a valid name and a readable
-config.json), a queue's kill_grace for stop deadlines, moving a queue to the
-trash, and finding the process groups of a queue's jobs and its queue process
-for a forceful stop.  Messages are the queue process's: nothing here reads or
-moves them.
+config.json), whether a queue can ever start as configured, a queue's
+kill_grace for stop deadlines, moving a queue to the trash, and finding the
+process groups of a queue's jobs and its queue process for a forceful stop.
+Messages are the queue process's: nothing here reads or moves them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import psutil
 
 from rq import proc
+from rq.client import queue_socket_problem
 from rq.config import load_queue_config
 from rq.errors import ConfigError
 from rq.fsops import FsOps
 from rq.protocol import valid_queue_name
 
+log = logging.getLogger(__name__)
 STATE_DIRS = ("prep", "que", "run", "done", "relayed", "err")
 DEFAULT_KILL_GRACE = 10.0
 
@@ -48,6 +51,19 @@ def has_config(root: str, name: str) -> bool:
 def scan(root: str) -> list[str]:
     """The queues to supervise (S2.2 step 5)."""
     return [n for n in names(root) if has_config(root, n)]
+
+
+def start_problem(root: str, name: str) -> str | None:
+    """Why queue `name` can never start as it is (FATAL at once, no crash loop: S2.3, D7):
+    its config, or a socket path it could never bind; None when it may start."""
+    try:
+        load_queue_config(root, name)
+    except ConfigError as exc:
+        return str(exc)
+    problem = queue_socket_problem(root, name)
+    if problem:
+        log.error("queue %s cannot start: %s", name, problem)
+    return problem
 
 
 def kill_grace(root: str, name: str) -> float:

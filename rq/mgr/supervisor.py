@@ -1,18 +1,15 @@
 """The supervisor: the `rq-mgr` daemon's Manager (SPEC S2.1-S2.5).
 
-Owns: the pid file and the manager socket of a root, the table of supervised
-children (one queue process per queue directory, and the singleton services
-of rq.mgr.programs: the web server, scandir and timers),
-the start-up order (the web server first: a `fatal` line from it, i.e. it
-cannot listen, fails start-up, S2.2 step 4), the main loop, signals
-(SIGTERM/SIGINT graceful stop, SIGHUP reload), reaping, restarts with
-backoff, graceful stop with a SIGKILL deadline, and the queue directory
+Owns: the pid file and the manager socket of a root, the table of supervised children (one
+queue process per queue directory, started through rq.mgr.spawner, and the singleton services
+of rq.mgr.programs: web, scandir, timers), the start-up order (host limits first, issue 17;
+then the web server: a `fatal` line from it fails start-up, S2.2 step 4), the main loop,
+signals (SIGTERM/SIGINT graceful stop, SIGHUP reload), reaping (orphans too, as a subreaper),
+restarts with backoff, graceful stop with a SIGKILL deadline, and the queue directory
 operations that need a stopped queue (delete to trash).
 
-All of the children table is touched by the loop thread only.  Socket
-threads (rq.mgr.commands) hand work to the loop with `call_in_loop`
-(rq.mgr.calls), which wakes the loop and waits for the answer, so there are
-no races and no locks around the table.  It must not import rq.queue: a queue is a program it runs.
+The children table is touched by the loop thread only: socket threads (rq.mgr.commands) hand
+work to it with `call_in_loop` (rq.mgr.calls), so no locks.  It must not import rq.queue.
 """
 
 from __future__ import annotations
@@ -28,17 +25,18 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rq import proc
-from rq.client import mgr_socket, queue_socket_problem
-from rq.config import MainConfig, load_queue_config
-from rq.errors import ConfigError, RQError
+from rq.client import mgr_socket
+from rq.config import MainConfig
+from rq.errors import RQError
 from rq.fsops import FsOps
 from rq.loop import Loop
-from rq.mgr import pidfile, queuedirs
+from rq.mgr import limits, pidfile, queuedirs
 from rq.mgr.calls import LoopCalls
 from rq.mgr.children import Child, Policy, State
 from rq.mgr.commands import Commands
 from rq.mgr.events_hub import EventHub
 from rq.mgr.programs import SERVICES, STATUS_SERVICES, WEB, ArgvBuilder, default_argv
+from rq.mgr.spawner import Spawner
 from rq.protocol import describe_exit
 from rq.sockserve import Rq1Server
 
@@ -71,13 +69,14 @@ class Manager:
         self.server: Rq1Server | None = None
         self.calls = LoopCalls(self.wake)  # from socket threads (rq.mgr.commands)
         self.events_hub = EventHub(root)  # S8.8 subscriptions
+        self.spawner = Spawner(root, self.env)  # forks queue processes when it can (issue 17)
 
     # ------------------------------------------------------------ start-up (S2.2)
-
     def start(self) -> None:
         """Steps 2, 3, 5 of S2.2 (step 1, the main config, is the caller's).
         Raises RQError with the line to print."""
         self.loop = Loop(SIGNALS)
+        limits.check(len(self.scan_queues()))  # issue 17: refuse, naming the limit
         pidfile.claim(self.root, os.getpid(), self.fs)
         try:
             self.server = Rq1Server(mgr_socket(self.root), Commands(self).handle)
@@ -87,13 +86,13 @@ class Manager:
             raise RQError(
                 f"ERROR: cannot bind config/queuemgr.sock: {exc.strerror or exc}") from exc
         self.events_hub.start()
+        self.spawner.start(self.argv_for("queue", "-"))  # it imports while the web starts
         log.info("rq-mgr started, pid %d, root %s", os.getpid(), self.root)
         self.ready_deadline = time.monotonic() + READY_CAP  # the web's wait counts too
         if WEB in SERVICES:
             self.start_web()
         now = time.monotonic()
-        for name in self.scan_queues():
-            self.add_child("queue", name, now)
+        self.add_children("queue", self.scan_queues(), now)
         for kind in SERVICES:
             if kind != WEB:
                 self.add_child(kind, kind, now)
@@ -147,7 +146,6 @@ class Manager:
         return queuedirs.has_config(self.root, name)
 
     # ------------------------------------------------------------ the loop
-
     def run(self) -> int:
         """Serve until stopped; then remove the pid and socket files (S2.5)."""
         try:
@@ -187,12 +185,12 @@ class Manager:
     def close(self) -> None:
         self.calls.close()  # answers whatever is still queued
         self.events_hub.stop()  # ends every subscription at once
+        self.spawner.close()  # its queue processes are ours already
         if self.server is not None:
             self.server.close()  # also removes the socket file
         pidfile.remove_pid(self.root, os.getpid())
 
     # ------------------------------------------------------------ signals
-
     def handle_signals(self, signals: list[int], now: float) -> None:
         for sig in signals:
             if sig in (signal.SIGTERM, signal.SIGINT):
@@ -225,7 +223,6 @@ class Manager:
                 self.stop_child(child, now, "forget")
 
     # ------------------------------------------------------------ requests from socket threads
-
     def call_in_loop(self, func: Callable[..., Any], *args: Any) -> Any:
         """Run `func(*args)` in the loop thread (rq.mgr.calls) and return its result."""
         return self.calls.call_in_loop(func, *args)
@@ -235,40 +232,39 @@ class Manager:
         self.loop.wake()
 
     # ------------------------------------------------------------ spawning and reaping
-
     def add_child(self, kind: str, name: str, now: float) -> Child:
-        child = Child(kind, name, self.argv_for(kind, name))
-        self.children[(kind, name)] = child
-        self.launch(child, now)
-        return child
+        return self.add_children(kind, [name], now)[0]
 
-    def launch(self, child: Child, now: float) -> None:
-        """Spawn `child`; a config that can never work is FATAL at once (S2.3)."""
+    def add_children(self, kind: str, names: list[str], now: float) -> list[Child]:
+        children = [Child(kind, name, self.argv_for(kind, name)) for name in names]
+        self.children.update(((kind, c.name), c) for c in children)
+        self.launch(*children, now=now)
+        return children
+
+    def launch(self, *children: Child, now: float) -> None:
+        """Spawn `children`, together (issue 17); a config that can never work is FATAL at
+        once (S2.3), a spawn that fails is a failed start."""
         if self.stopping:
             return
-        if child.kind == "queue":
-            try:
-                load_queue_config(self.root, child.name)
-            except ConfigError as exc:
-                child.transition(State.FATAL, now, error=str(exc))
-                return
-            problem = queue_socket_problem(self.root, child.name)
-            if problem:  # it could never bind its socket: say why, no crash loop (D7)
-                log.error("queue %s cannot start: %s", child.name, problem)
+        go = []
+        for child in children:
+            problem = queuedirs.start_problem(self.root, child.name) \
+                if child.kind == "queue" else None
+            if problem:
                 child.transition(State.FATAL, now, error=problem)
-                return
-        try:
-            daemon = proc.spawn_daemon(child.argv, cwd=self.root, env=self.env)
-        except OSError as exc:
-            child.failed(f"cannot spawn: {exc.strerror or exc}", now, self.policy)
-            return
-        # Non-blocking: a job of the child may have inherited the write end,
-        # so EOF can come late; we read only what is there.
-        os.set_blocking(daemon.ready_r, False)
-        assert self.loop is not None
-        self.loop.add_reader(daemon.ready_r, functools.partial(self.read_ready, child))
-        child.spawned(daemon, now)
-        log.info("%s: spawned pid %d", child.label, daemon.pid)
+            else:
+                go.append(child)
+        for child, daemon in zip(go, self.spawner.spawn_many([c.argv for c in go])):
+            if isinstance(daemon, OSError):
+                child.failed(f"cannot spawn: {daemon.strerror or daemon}", now, self.policy)
+                continue
+            # Non-blocking: a job of the child may have inherited the write end,
+            # so EOF can come late; we read only what is there.
+            os.set_blocking(daemon.ready_r, False)
+            assert self.loop is not None
+            self.loop.add_reader(daemon.ready_r, functools.partial(self.read_ready, child))
+            child.spawned(daemon, now)
+            log.info("%s: spawned pid %d", child.label, daemon.pid)
 
     def read_ready(self, child: Child, fd: int) -> None:
         try:
@@ -321,18 +317,17 @@ class Manager:
             child.exited(returncode, now, self.policy)
             if child.state is State.STOPPED:
                 self.finish_stop(child, now)
+        self.spawner.reap_orphans({c.pid for c in self.children.values() if c.pid})
 
     def start_due(self, now: float) -> None:
-        for child in list(self.children.values()):
-            if child.state is State.BACKOFF and child.due <= now:
-                self.launch(child, now)
+        self.launch(*[c for c in self.children.values()
+                      if c.state is State.BACKOFF and c.due <= now], now=now)
 
     def signal_child(self, child: Child, sig: int) -> None:
         if child.daemon is not None:
             proc.kill_process(child.daemon.pid, sig)
 
     # ------------------------------------------------------------ stopping (S2.5, S3.7)
-
     def stop_child(self, child: Child, now: float, after: str) -> None:
         """Graceful stop by SIGTERM; `after` says what follows its exit
         ("forget", "restart" or "delete").
@@ -377,7 +372,7 @@ class Manager:
         after, key = child.after_stop, (child.kind, child.name)
         if after == "restart" and not self.stopping:
             child.reset_failures()
-            self.launch(child, now)
+            self.launch(child, now=now)
             return
         self.children.pop(key, None)
         if after == "delete":
@@ -393,7 +388,6 @@ class Manager:
         log.info("queue %s: deleted, moved to %s", name, os.path.basename(trash))
 
     # ------------------------------------------------------------ reload (S2.4)
-
     def reload(self, now: float) -> None:
         if self.stopping:
             return
@@ -413,8 +407,7 @@ class Manager:
                 self.restart_child(child, now)
             elif child.state is State.STOPPING:
                 child.merge_after_stop("restart")
-        for name in sorted(present - {c.name for c in self.queues()}):
-            self.add_child("queue", name, now)
+        self.add_children("queue", sorted(present - {c.name for c in self.queues()}), now)
 
     def restart_child(self, child: Child, now: float) -> None:
         """Stop (if running) then start; clears the failure count and FATAL."""
@@ -422,10 +415,9 @@ class Manager:
         if child.daemon is not None:
             self.stop_child(child, now, "restart")
         else:
-            self.launch(child, now)
+            self.launch(child, now=now)
 
     # ------------------------------------------------------------ what commands call (loop thread)
-
     def queues(self) -> list[Child]:
         return [c for c in self.children.values() if c.kind == "queue"]
 
@@ -483,7 +475,6 @@ class Manager:
         return int(time.monotonic() - self.started)
 
     # ------------------------------------------------------------ readiness
-
     def announce_ready(self, now: float) -> None:
         """Tell `rq-mgr start` we are up once no child is still STARTING (or
         after READY_CAP s, so one slow recovery cannot fail the start)."""

@@ -4,13 +4,20 @@
 rq.daemon does the program edge (process title `[rq-que] [NAME]`, S2.1; logging
 as `rq-que NAME`; the main config); this module reads the queue's config (an
 invalid one is `fatal` on the ready pipe, exit 2: FATAL at once, S2.3), chooses
-the file-operation seam from the environment, and runs QueueProcess.
+the file-operation seam from the environment, and runs QueueProcess.  `warm_up`
+runs one throw-away queue for the fork server (rq.queue.forkserver, issue 17).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import signal
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Mapping
 
 from rq import fsops
@@ -20,6 +27,7 @@ from rq.daemon import Context, DaemonSpec, run_daemon
 from rq.errors import RQError, StartError
 
 log = logging.getLogger("rq.queue")
+WARM_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD)
 
 
 def serve(ctx: Context) -> int:
@@ -43,6 +51,51 @@ def serve(ctx: Context) -> int:
     except RQError as exc:
         log.error("%s", exc)
         return 1
+
+
+def warm_up() -> None:
+    """Run a throw-away queue once (start, serve, stop) in a temporary root, so what every
+    queue process would otherwise do for itself is done once, here, and shared: the
+    interpreter's specialised bytecode (Python 3.11 rewrites code objects as they run),
+    caches and lazily made objects.  Then single-threaded again, signals as they were."""
+    from rq.config import load_main_config
+    from rq.fsops import FsOps
+    from rq.queue.process import QueueProcess
+    from rq.store import STATES
+
+    saved = {sig: signal.getsignal(sig) for sig in WARM_SIGNALS}
+    level = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with tempfile.TemporaryDirectory(prefix="rq-warm-") as root:
+            qdir = os.path.join(root, "queue", "warm")
+            for sub in ("config", *(os.path.join("queue", "warm", s) for s in STATES)):
+                os.makedirs(os.path.join(root, sub))
+            write_json(os.path.join(root, "config", "config.json"),
+                       {"env": "warm", "host": "localhost", "port": 1, "addr": "127.0.0.1"})
+            write_json(os.path.join(qdir, "config.json"),
+                       {"name": "warm", "script": "/bin/true", "exec_prefix": ""})
+            life_r, life_w = os.pipe()
+            os.close(life_w)  # EOF at once: it starts, sees the manager gone, stops
+            cfg, _ = load_queue_config(root, "warm")
+            fs = FsOps()
+            fs.spares = False  # no spare directories made (and fsynced) for nothing
+            QueueProcess(load_main_config(root), cfg, fs, lifeline_fd=life_r).run()
+    except Exception:  # only a lost optimisation
+        pass
+    finally:
+        logging.disable(level)
+        signal.set_wakeup_fd(-1)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    deadline = time.monotonic() + 5
+    while threading.active_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)  # its daemon threads see the stop and end
+
+
+def write_json(path: str, obj: object) -> None:
+    with open(path, "w") as fh:
+        json.dump(obj, fh)
 
 
 def count_refresh_seconds(env: Mapping[str, str]) -> float | None:

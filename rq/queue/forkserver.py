@@ -1,0 +1,183 @@
+"""The queue fork server (issue 17): queue processes forked from one preloaded parent.
+
+`python -m rq.queue.forkserver --sock-fd F`, started by rq-mgr (rq.mgr.spawner) with one end
+of a socket pair.  Once, it imports what a queue process runs and runs one throw-away queue
+(rq.queue.__main__.warm_up); then, for each request on the socket (`{"id": I, "argv": [...]}`
+plus the lifeline read end and the ready write end as SCM_RIGHTS), it forks and answers
+`{"id": I, "pid": N}` or `{"id": I, "error": TEXT}`.  The forked process does what
+`python -m rq.queue ARGV --lifeline-fd L --ready-fd R` does, from `rq.queue.__main__.main`
+on: a program you can still run by hand that way (STYLE habit 8); only its start is cheaper.
+
+Why fork, here only: a fresh interpreter costs each queue process ~0.3 s CPU of imports and
+~14 MiB of private memory; a fork shares the imported code, module objects and specialised
+bytecode copy-on-write.  `gc.freeze()` before each fork moves every object the server holds
+into the collector's permanent generation, so a child's collections never write to them.
+The server is single-threaded (no lock can be copied held) and never runs a queue itself.
+
+Why a double fork (rq.proc.fork_adopted): the queue process must be rq-mgr's own child, so
+that rq-mgr reaps it and reads its exit status exactly as for a process it spawned (S2.3).
+rq-mgr is a child subreaper (rq.proc.become_subreaper): a middle process forks the queue
+process and exits at once, the kernel hands the orphan to rq-mgr, and only once the middle
+one is reaped does the server answer with the pid.  The queue process has its own session
+and process group, as with `start_new_session=True` (its jobs get their own, S6.3), and
+keeps only fds 0-2 and its two pipes.
+
+EOF on the socket (rq-mgr closed it, or died) ends the server; its queue processes are not
+its children and go on under rq-mgr, watching their own lifelines (S2.1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import gc
+import json
+import os
+import select
+import socket
+import sys
+import threading
+
+import setproctitle
+
+import rq.queue.__main__ as queue_main
+from rq import proc
+
+MAX_REQUEST = 65536
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rq.queue.forkserver")
+    parser.add_argument("--sock-fd", type=int, required=True)
+    parser.add_argument("--title", default="[rq-que-fork]")
+    args = parser.parse_args(argv)
+    setproctitle.setproctitle(args.title)
+    threading.stack_size(THREAD_STACK)  # inherited: 1 MiB of address space, not 8, per thread
+    sock = socket.socket(fileno=args.sock_fd)
+    queue_main.warm_up()  # imports and runs what every queue process runs, once
+    gc.disable()  # enabled again in each queue process (gc.freeze() docs)
+    sock.sendall(b'{"ready": true}')
+    queue_argv = Server(sock).serve()
+    if queue_argv is None:
+        return 0
+    gc.enable()
+    sys.argv = [queue_main.__file__, *queue_argv]
+    return queue_main.main(queue_argv)
+
+
+THREAD_STACK = 1024 * 1024  # a queue process's threads parse frames and JSON, no deep recursion
+
+
+class Server:
+    """The request loop: rq-mgr sends a window of requests at once; every request waiting
+    on the socket is read, and the batch is forked by one middle process (rq.proc.
+    fork_adopted), answered by `id` once that middle has exited.  Batches overlap.  A
+    `select.poll` object, not a selector: it holds no descriptor that a forked queue
+    process could later close by mistake."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.poll = select.poll()
+        self.poll.register(sock, select.POLLIN)
+        self.middles: dict[int, tuple[list[object], int]] = {}  # pipe -> (ids, middle pid)
+
+    def serve(self) -> list[str] | None:
+        """Answer requests until EOF (None); in a forked queue process, its argv."""
+        while True:
+            for fd, _ in self.poll.poll():
+                if fd in self.middles:
+                    self.answer(fd)
+                    continue
+                batch = self.read_batch()
+                if batch is None:
+                    return None
+                argv = self.start(batch)
+                if argv is not None:
+                    return argv  # the queue process: run it
+
+    def read_batch(self) -> list[tuple[object, list[str], list[int]]] | None:
+        """Every request waiting on the socket (at least one): [(id, argv, fds)]; None
+        at EOF.  A bad request is answered at once and left out."""
+        batch: list[tuple[object, list[str], list[int]]] = []
+        flags = 0
+        while True:
+            try:
+                data, fds = recv_request(self.sock, flags)
+            except BlockingIOError:
+                return batch
+            except OSError:
+                return None
+            if not data:
+                return None if not batch else batch
+            flags = socket.MSG_DONTWAIT
+            try:
+                req = json.loads(data)
+                if len(fds) != 2:
+                    raise ValueError("want two descriptors")
+                batch.append((req.get("id"), [str(a) for a in req["argv"]], fds))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                close_all(fds)
+                self.reply({"error": f"bad request: {exc}"})
+
+    def start(self, batch: list[tuple[object, list[str], list[int]]]) -> list[str] | None:
+        if not batch:
+            return None
+        try:
+            gc.freeze()  # every object so far: never touched by a child's collector
+            forked = proc.fork_adopted([fds for _, _, fds in batch])
+        except OSError as exc:
+            forked = None
+            for rid, _, _ in batch:
+                self.reply({"id": rid, "error": f"cannot fork: {exc.strerror or exc}"})
+        if isinstance(forked, int):
+            self.sock.detach()  # closed by fork_adopted: never close that number again
+            _, argv, fds = batch[forked]
+            return [*argv, "--lifeline-fd", str(fds[0]), "--ready-fd", str(fds[1])]
+        for _, _, fds in batch:
+            close_all(fds)
+        if forked is not None:
+            middle, pipe_r = forked
+            self.middles[pipe_r] = ([rid for rid, _, _ in batch], middle)
+            self.poll.register(pipe_r, select.POLLIN)
+        return None
+
+    def answer(self, pipe_r: int) -> None:
+        """The middle process wrote the pids and exited (EOF): reap it, then answer.  Its
+        exit is what hands the queue processes to rq-mgr: only now may rq-mgr wait on them."""
+        ids, middle = self.middles.pop(pipe_r)
+        self.poll.unregister(pipe_r)
+        with os.fdopen(pipe_r, "rb") as fh:
+            lines = fh.read().splitlines()
+        os.waitpid(middle, 0)
+        pids = dict(line.split() for line in lines if len(line.split()) == 2)
+        for i, rid in enumerate(ids):
+            text = pids.get(str(i).encode(), b"0")
+            pid = int(text) if text.lstrip(b"-").isdigit() else 0
+            if pid > 0:
+                self.reply({"id": rid, "pid": pid})
+            else:
+                why = os.strerror(-pid) if pid else "the middle process died"
+                self.reply({"id": rid, "error": f"cannot fork: {why}"})
+
+    def reply(self, obj: dict[str, object]) -> None:
+        self.sock.sendall(json.dumps(obj).encode())
+
+
+def recv_request(sock: socket.socket, flags: int) -> tuple[bytes, list[int]]:
+    """One datagram and the descriptors passed with it: socket.recv_fds, which (Python
+    3.11) ignores its `flags`, so MSG_DONTWAIT would block."""
+    fds = array.array("i")
+    data, ancdata, _, _ = sock.recvmsg(MAX_REQUEST, socket.CMSG_LEN(2 * fds.itemsize), flags)
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
+
+
+def close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Many queues on one host (issue 17): queue processes forked from the fork server under
+the manager's supervision (S2), and host limits refused at start-up with one clear line."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+
+import psutil
+import pytest
+from rqtest import free_port, wait_for, write_root, write_script
+from test_mgr_support import MAIN_CONFIG, env_with_repo, make_queue, pid_alive
+
+from rq.client import call_mgr, call_queue
+from rq.errors import ConnectError
+from rq.mgr import limits, pidfile
+
+MAIN = "import sys; from rq.mgr.cli import main; sys.exit(main())"
+N = 50
+DONE = '#!/bin/sh\necho "done ok" >&3\n'
+SLEEPER = '#!/bin/sh\necho $$ > "$MANY_TEST_MARK"\nexec sleep 300\n'
+
+
+def rq_mgr(root: str, cmd: str, *wrap: str) -> subprocess.CompletedProcess[str]:
+    """`rq-mgr --root ROOT CMD`, run through `wrap` (e.g. prlimit) when given."""
+    return subprocess.run([*wrap, sys.executable, "-c", MAIN, "--root", root, cmd],
+                          env=env_with_repo(), capture_output=True, text=True, timeout=120,
+                          cwd="/")
+
+
+@pytest.fixture
+def root(tmp_path) -> str:  # type: ignore[no-untyped-def]
+    path = write_root(str(tmp_path / "root"), {**MAIN_CONFIG, "port": free_port()}, "queue")
+    yield path
+    pid = pidfile.running_pid(path)
+    if pid is not None:  # a failed test: stop its manager and whatever it still runs
+        rq_mgr(path, "stop")
+
+
+def queues(root: str, script: str, n: int = N) -> list[str]:
+    names = [f"q{i:02d}" for i in range(n)]
+    for name in names:
+        make_queue(root, name, script=script, exec_prefix="")
+    return names
+
+
+def status(root: str) -> dict:
+    return call_mgr(root, "status")[1]
+
+
+def all_running(root: str, names: list[str]) -> dict | None:
+    qs = status(root)["queues"]
+    return qs if all(qs[n]["state"] == "RUNNING" for n in names) else None
+
+
+def done_one(root: str, name: str) -> bool:
+    return call_queue(root, name, "num_messages")["done"] >= 1
+
+
+def test_fifty_queues_forked_serve_and_each_runs_a_message(root: str, tmp_path) -> None:
+    """Every queue process runs, answers and finishes a message; each is the manager's own
+    child (forked by the fork server, adopted as its subreaper) and costs little memory."""
+    names = queues(root, str(write_script(tmp_path / "done.sh", DONE)))
+    assert rq_mgr(root, "start").returncode == 0
+    try:
+        qs = wait_for(lambda: all_running(root, names), 60, 0.05, "every queue RUNNING")
+        mgr = psutil.Process(pidfile.running_pid(root))
+        children = {p.pid: p for p in mgr.children()}
+        pids = [qs[n]["pid"] for n in names]
+        assert len(set(pids)) == N and set(pids) <= set(children)
+        assert any(p.cmdline()[0].startswith("[rq-que-fork]") for p in children.values())
+        for name in names:
+            assert call_queue(root, name, "ping") == ["pong"]
+            assert os.getpgid(qs[name]["pid"]) == qs[name]["pid"]  # its own group (S2.1)
+            assert call_queue(root, name, "create_message", {"dest": name})[0] == "ok"
+        wait_for(lambda: all(done_one(root, n) for n in names), 60, 0.05, "one done each")
+        uss = statistics.median(children[p].memory_full_info().uss for p in pids)
+        assert uss < 8 * 2**20, uss  # a fresh interpreter per queue: ~14.5 MiB (issue 17)
+    finally:
+        assert rq_mgr(root, "stop").returncode == 0
+    assert not any(pid_alive(p) for p in pids)
+
+
+def test_forked_queue_killed_is_reaped_restarted_and_its_orphan_job_reaped(
+        root: str, tmp_path) -> None:
+    """S2.3 as before: SIGKILL of a forked queue process is seen with its real exit status
+    and backs off; its job, orphaned to the manager (the subreaper), is reaped, no zombie."""
+    mark = tmp_path / "job.pid"
+    make_queue(root, "w", script=str(write_script(tmp_path / "sleep.sh", SLEEPER)),
+               exec_prefix="", kill_grace=1, env_vars={"MANY_TEST_MARK": str(mark)})
+    assert rq_mgr(root, "start").returncode == 0
+    try:
+        first = wait_for(lambda: all_running(root, ["w"]), 30, 0.05, "RUNNING")["w"]["pid"]
+        assert call_queue(root, "w", "create_message", {"dest": "w"})[0] == "ok"
+        job = int(wait_for(lambda: mark.exists() and mark.read_text().strip(), 30, 0.05,
+                           "the job's pid"))
+        os.kill(first, signal.SIGKILL)
+        child = wait_for(lambda: (c := status(root)["queues"]["w"])["restarts"] == 1 and c,
+                         30, 0.05, "the queue restarted")
+        assert child["pid"] != first
+        log = (tmp_path / "root" / "log" / "queuemgr.log").read_text()
+        assert f"queue w: pid {first} exited: killed by SIGKILL" in log
+        # The new queue process stops the survivor (S2.7); the job was the manager's
+        # orphan by then: it must be reaped, not left a zombie.
+        wait_for(lambda: not psutil.pid_exists(job), 30, 0.05, "the orphan job reaped")
+        mgr = psutil.Process(pidfile.running_pid(root))
+        assert [c.pid for c in mgr.children() if c.status() == psutil.STATUS_ZOMBIE] == []
+    finally:
+        assert rq_mgr(root, "stop").returncode == 0
+
+
+def leftovers(root: str) -> list[str]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if root in " ".join(p.cmdline()):
+                found.append(p.name())
+        except psutil.Error:
+            continue  # gone, or a zombie
+    return found
+
+
+def test_too_few_open_files_refused_with_the_limit_named(root: str, tmp_path) -> None:
+    """rq-mgr start with RLIMIT_NOFILE below what N queues need: one ERROR line naming the
+    limit, its value and how to raise it; exit 1; nothing started, no pid file."""
+    queues(root, str(write_script(tmp_path / "done.sh", DONE)))
+    res = rq_mgr(root, "start", "prlimit", "--nofile=120:120", "--")
+    assert res.returncode == 1
+    line = res.stderr.strip()
+    assert "\n" not in line and "Traceback" not in res.stderr
+    assert line.startswith("ERROR: cannot start: 50 queues need about 164 open files in "
+                           "rq-mgr, but its limit RLIMIT_NOFILE is 120: raise it"), line
+    assert "ulimit -n 1024" in line and "LimitNOFILE=1024" in line
+    assert pidfile.running_pid(root) is None
+    with pytest.raises(ConnectError):
+        call_mgr(root, "ping")
+    assert leftovers(root) == []
+    res = rq_mgr(root, "start", "prlimit", "--nofile=200:200", "--")  # 164 fit
+    assert res.returncode == 0, res.stderr
+    assert rq_mgr(root, "stop").returncode == 0
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_too_few_tasks_refused_with_the_limit_named(root: str, tmp_path) -> None:
+    """RLIMIT_NPROC (applied only without CAP_SYS_RESOURCE/ADMIN: setpriv drops them)."""
+    queues(root, str(write_script(tmp_path / "done.sh", DONE)))
+    used = limits.user_usage(os.getuid(), count_inotify=False)[0]
+    cap = used + 300  # room for rq-mgr start itself; 50 queues need 600
+    wrap = ("setpriv", "--bounding-set=-sys_admin,-sys_resource",
+            "prlimit", f"--nproc={cap}:{cap}", "--")
+    res = rq_mgr(root, "start", *wrap)
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1
+    assert "50 queues need about 600 tasks" in res.stderr
+    assert f"RLIMIT_NPROC (tasks of this user) is {cap}: raise it with `ulimit -u" \
+        in res.stderr
+    assert pidfile.running_pid(root) is None
+
+
+HOST = limits.Host(nofile=1024, nofile_hard=4096, pid_max=32768, threads_max=100000,
+                   tasks=1000, nproc=limits.UNLIMITED, user_tasks=500,
+                   pids_max=limits.UNLIMITED, cgroup_tasks=0, inotify_instances=128,
+                   inotify_in_use=10)
+
+
+@pytest.mark.parametrize("change, queues, words", [
+    ({}, 480, None),                                             # 1,024 fds: 480 fit
+    ({}, 481, "RLIMIT_NOFILE is 1024: raise it with `ulimit -n 2048`"),
+    ({}, 2100, "(and its hard limit 4096)"),
+    ({"nofile": 99999, "pid_max": 5000}, 500, "kernel.pid_max is 5000: raise it with "
+                                              "sysctl -w kernel.pid_max=6144"),
+    ({"nofile": 99999, "threads_max": 2000}, 150, "kernel.threads-max is 2000"),
+    ({"nofile": 99999, "nproc": 1000}, 60, "RLIMIT_NPROC (tasks of this user) is 1000"),
+    ({"nofile": 99999, "pids_max": 2000, "cgroup_tasks": 1500}, 50,
+     "the cgroup's pids.max is 2000: raise it with TasksMax=3072"),
+    ({"nofile": 99999}, 1000, None),
+])
+def test_limit_rules(change: dict, queues: int, words: str | None) -> None:
+    found = limits.problems(limits.Host(**{**HOST.__dict__, **change}), queues)
+    if words is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and words in found[0], found
+
+
+def test_inotify_shortfall_is_a_warning_not_a_refusal() -> None:
+    """Queue processes hold no inotify instance: only scandir and timers need them."""
+    short = limits.Host(**{**HOST.__dict__, "inotify_in_use": 127})
+    assert limits.problems(short, 10) == []
+    assert limits.warnings(short) == [
+        "scandir and timers need 2 inotify instances, 127 of this user's are in use, and "
+        "fs.inotify.max_user_instances is 128: raise it with "
+        "sysctl -w fs.inotify.max_user_instances=1024"]
+    assert limits.warnings(HOST) == []
+
+
+def test_read_host_reads_this_host() -> None:
+    host = limits.read_host()
+    assert host.nofile == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    assert host.tasks > 0 and host.user_tasks > 0 and host.pid_max > 0
