@@ -268,7 +268,10 @@ def test_s6_3_process_setup(root: Path, tmp_path: Path, driver: Path, started_by
                                         ["w", "done ok\n"]))
         info = json.loads(wait_file(info_path))
         run_dir = root / "queue" / "q" / "run" / short_id(full)
-        # S4.6: pid and proc.json exist while the job runs
+        # S4.6: pid and proc.json exist while the job runs.  The queue writes them right
+        # after the spawn, so a job's first steps (here: writing info) can come before them.
+        wait_for(lambda: (run_dir / "pid").exists() and (run_dir / "proc.json").exists(), 10,
+                 what="pid and proc.json of the running job")
         assert (run_dir / "pid").read_text() == f"{info['pid']}\n"
         pj = json.loads((run_dir / "proc.json").read_text())
         assert (pj["pid"], pj["pgid"]) == (info["pid"], info["pid"])
