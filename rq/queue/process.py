@@ -123,7 +123,7 @@ class QueueProcess:
             self.begin_stop()
         self.spawn_pending()
         with self.state.lock:
-            if not self.idle_sleep:  # the first pass after an idle sleep leaves it to the next
+            if self.state.jobs or not self.idle_sleep:  # after an idle sleep: for jobs only
                 self.state.prepare_buckets(time.time(), time.monotonic())
             ended = self.reap()
             self.check_deadlines(time.monotonic())
