@@ -6,7 +6,8 @@ connection per origin, connect and read timeouts, and the environment's proxy se
 requests reads them (`http_proxy`, `https_proxy`, `all_proxy`, lower case first; `no_proxy`;
 credentials in a proxy URL go out as Proxy-Authorization; https through a proxy is a CONNECT
 tunnel).  TLS is verified against the system's CA store (ssl.create_default_context;
-SSL_CERT_FILE overrides it).
+SSL_CERT_FILE overrides it), or against the bundle REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE names,
+as with requests.
 
 Stdlib only, like jobio, and for start-up cost: a builtin job is a process per attempt, and
 importing requests cost it about twice the rest of its start-up (python -X importtime);
@@ -128,7 +129,8 @@ class Client:
         conn: Any
         if scheme == "https":
             import ssl
-            ctx = ssl.create_default_context()
+            bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+            ctx = ssl.create_default_context(cafile=bundle or None)
             if proxy is None:
                 conn = self.http.HTTPSConnection(host, port, timeout=self.connect_timeout,
                                                  context=ctx)
