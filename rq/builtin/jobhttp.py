@@ -44,8 +44,9 @@ class Client:
 
         self.http = http.client
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        # UnicodeError: a header value (a host name) http.client cannot encode as Latin-1
         self.errors: tuple[type[BaseException], ...] = (
-            OSError, http.client.HTTPException, RemoteError)
+            OSError, http.client.HTTPException, UnicodeError, RemoteError)
         self.auth = basic_auth(auth) if auth else None
         self.conns: dict[tuple[str, ...], Any] = {}
 
@@ -109,8 +110,13 @@ class Client:
         if isinstance(body, bytes):
             headers["Content-Length"] = str(len(body))
         key = (parts.scheme, host, str(port), *(proxy or ()))
-        conn = self.conns.get(key) or self.connect(parts.scheme, host, port, proxy)
-        self.conns[key] = conn
+        conn = self.conns.get(key)
+        if conn is not None and dropped(conn):
+            del self.conns[key]
+            conn.close()
+            conn = None
+        if conn is None:
+            conn = self.conns[key] = self.connect(parts.scheme, host, port, proxy)
         try:
             conn.request(method, target, body=body, headers=headers)
             resp = conn.getresponse()
@@ -175,6 +181,14 @@ class Client:
         for conn in self.conns.values():
             conn.close()
         self.conns.clear()
+
+
+def dropped(conn: Any) -> bool:
+    """True when a kept-alive connection can no longer carry a request: the server closed it
+    while it was idle (an idle connection is readable only at EOF or with bytes nobody asked
+    for), as urllib3 checks a pooled connection before reusing it."""
+    import select
+    return conn.sock is None or bool(select.select([conn.sock], [], [], 0)[0])
 
 
 def basic_auth(creds: tuple[str, str]) -> str:
