@@ -78,8 +78,7 @@ def call(path: str, cmd: str, arg: Any = None, *, raw: bool = False,
     finally:
         sock.close()
     try:
-        import json
-        return json.loads(payload)
+        return protocol.loads(payload)
     except ValueError as exc:
         raise ConnectError(f"bad reply from {path}") from exc
 
@@ -113,7 +112,6 @@ class Subscription:
 
     def next(self, timeout: float | None = None) -> Any:
         """The next payload; None on timeout; ConnectError when the stream ends."""
-        import json
         self.sock.settimeout(timeout)
         while True:
             try:
@@ -122,7 +120,7 @@ class Subscription:
                 raise ConnectError("bad frame from rq-mgr") from exc
             if payload is not None:
                 try:
-                    return json.loads(payload)
+                    return protocol.loads(payload)
                 except ValueError as exc:
                     raise ConnectError("bad frame from rq-mgr") from exc
             try:

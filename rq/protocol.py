@@ -7,11 +7,10 @@ resolution (S4.3) and the human text of a job's exit status (S6.6).
 
 from __future__ import annotations
 
-import json
-import re
 from collections import namedtuple
 
 from rq.errors import ProtocolError
+from rq.jsonwire import dumps, loads
 
 # Not typing / dataclasses / signal at import: every `rq` call imports this module, and those
 # cost a shell loop of `rq sendmesg` ~12 ms a call (issue 15).
@@ -81,19 +80,13 @@ def parse_json_arg(arg: str | None) -> Any:
     if arg is None:
         raise ProtocolError("bad request")
     try:
-        return json.loads(arg)
+        return loads(arg)
     except (ValueError, RecursionError) as exc:
         raise ProtocolError("bad request") from exc
 
 
-# One encoder for every call: json.dumps with non-default options builds a new
-# JSONEncoder each time, which the queue paid several times per message.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def dumps(obj: Any) -> str:
-    """Compact plain JSON (S0.3.5): no NaN/Infinity, UTF-8 kept as text."""
-    return _ENCODER.encode(obj)
+# dumps: compact plain JSON (S0.3.5): no NaN/Infinity, UTF-8 kept as text; loads: one
+# document.  Both from rq.jsonwire (json's C codec without the json package's imports).
 
 
 # ---------------------------------------------------------------- names and ids
@@ -123,9 +116,17 @@ def valid_queue_name(name: Any) -> bool:
     return True
 
 
+_MSG_ID_WIDTHS = (8, 4, 2, 3)   # MSG_ID_PATTERN's fixed-width fields; the serial is 1+ digits
+
+
 def valid_msg_id(msg_id: Any) -> bool:
-    return (isinstance(msg_id, str) and len(msg_id) < 64
-            and re.fullmatch(MSG_ID_PATTERN, msg_id, re.ASCII) is not None)
+    """S4.1: MSG_ID_PATTERN, checked without `re` (imported by neither the CLI nor this module
+    at start: issue 15 item 3)."""
+    if not isinstance(msg_id, str) or len(msg_id) >= 64 or not msg_id.isascii():
+        return False
+    fields = msg_id.split(".")
+    return (len(fields) == 5 and fields[4].isdigit()
+            and all(len(f) == w and f.isdigit() for f, w in zip(fields, _MSG_ID_WIDTHS)))
 
 
 def full_id(base_url: str, queue: str, msg_id: str) -> str:
@@ -221,6 +222,7 @@ _DUP_PATTERN = r"^(\d+(?:\.\d+)?)-([^-]*)-(.+)$"
 
 def parse_pipe_line(line: str) -> PipeLine:
     """Parse one line (without its newline) written by a job on fd 3."""
+    import re  # the daemons' path; a module-level import would cost every `rq` call
     cmd, _, text = line.partition(" ")
     if cmd == "run":
         return PipeLine("run", text)
@@ -349,6 +351,7 @@ def parse_age(text: str) -> float:
     """An age as `rq purge --older-than` and the queue page take it: a number with an
     optional unit `s` (the default), `m`, `h`, `d` or `w`, or its word (`7d`, `7 days`,
     `36h`, `90`) → seconds.  Raises ProtocolError."""
+    import re  # see parse_pipe_line
     m = re.fullmatch(_AGE_PATTERN, text.strip().lower(), re.ASCII)
     if m is None:
         raise ProtocolError(f"invalid age {text} (a number with s, m, h, d or w, e.g. 7d)")

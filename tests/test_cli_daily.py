@@ -318,7 +318,8 @@ def test_bash_completion(rig: Rig) -> None:
 def test_message_commands_import_only_what_they_use(name: str) -> None:
     """A shell loop of `rq sendmesg` pays for every import (issue 15 item 3): no
     dataclasses (inspect, ast, dis …), typing, config records, help texts or other
-    commands' modules on a message command's path."""
+    commands' modules on a message command's path; no json package (re, enum, functools:
+    rq.jsonwire speaks JSON through its C codec)."""
     probe = ("import sys\nfrom rq.cli import base, entry\n"
              f"assert base.load_command({name!r}) is not None\n"
              "print(' '.join(sorted(sys.modules)))\n")
@@ -328,5 +329,6 @@ def test_message_commands_import_only_what_they_use(name: str) -> None:
     loaded = set(res.stdout.split())
     heavy = {"dataclasses", "inspect", "typing", "rq.config", "rq.cli.helptext",
              "rq.cli.queueadmin", "rq.cli.completion", "click", "croniter",
-             "socket", "selectors"}  # rq.client speaks through _socket (issue 15)
+             "socket", "selectors",  # rq.client speaks through _socket (issue 15)
+             "json", "re", "enum", "functools"}
     assert not heavy & loaded

@@ -127,6 +127,46 @@ def test_s7_1_parse_json_arg_errors(arg: str | None) -> None:
         protocol.parse_json_arg(arg)
 
 
+JSON_DOCS = ['{"a":[1,{"b":null}],"\u00fc":"x"}', '  [true, false, 0, -1, 1.5e300] ', '"\\ud800"',
+             '{"a":1,"a":2}', "NaN", "-Infinity", "1e999", '"\u2028\\u0000"', "", " ", "{} x",
+             "[1,2", '"\t"', "\ufeff1", "[" * 100_000, '{"p": %s}' % ("9" * 5000)]
+
+
+@pytest.mark.parametrize("text", JSON_DOCS)
+def test_s0_3_5_jsonwire_decodes_as_json_loads(text: str) -> None:
+    """rq.jsonwire (the CLI's JSON without the json package, issue 15) is json.loads: the
+    same value, or the same exception type, for str and UTF-8 bytes."""
+    from rq import jsonwire
+
+    def outcome(fn, doc):
+        try:
+            return ("value", repr(fn(doc)))
+        except Exception as exc:  # noqa: BLE001 - the exception type is what is compared
+            return ("error", type(exc).__name__)
+    for doc in (text, text.encode("utf-8", "surrogatepass")):
+        assert outcome(jsonwire.loads, doc) == outcome(json.loads, doc)
+
+
+@pytest.mark.parametrize("obj", [None, True, 0, 10**30, 1.5, "é\u2028\x00\"\\", [], {},
+                                 {"a": [1, {"b": None}], "ü": ["x", 2.0]}, [[[]]], ""])
+def test_s0_3_5_jsonwire_encodes_as_compact_json_dumps(obj: object) -> None:
+    from rq import jsonwire
+    assert jsonwire.dumps(obj) == json.dumps(obj, separators=(",", ":"), ensure_ascii=False,
+                                             allow_nan=False)
+
+
+@pytest.mark.parametrize("obj, error", [(float("nan"), ValueError), ({1j: 1}, TypeError),
+                                        (object(), TypeError)])
+def test_s0_3_5_jsonwire_refuses_what_json_dumps_refuses(obj: object, error: type) -> None:
+    from rq import jsonwire
+    with pytest.raises(error):
+        jsonwire.dumps(obj)
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="Circular"):
+        jsonwire.dumps(loop)
+
+
 def test_s7_1_request_round_trip() -> None:
     frame = protocol.encode_request("create_message", {"dest": "x", "param1": "\u00e9 \n"})
     size = protocol.parse_header(frame[:protocol.HEADER_LEN])
