@@ -69,7 +69,8 @@ else:
         """One JSON document surrounded by optional whitespace; bytes are UTF-8, a leading
         BOM dropped as json.loads drops it (the wire is UTF-8: no UTF-16/32 detection)."""
         if not isinstance(text, str):
-            text = bytes(text).decode("utf-8-sig")
+            data = bytes(text)
+            text = (data[3:] if data[:3] == b"\xef\xbb\xbf" else data).decode("utf-8")
         start = len(text) - len(text.lstrip(_WHITESPACE))
         try:
             obj, end = _scan(text, start)

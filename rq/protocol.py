@@ -7,10 +7,9 @@ resolution (S4.3) and the human text of a job's exit status (S6.6).
 
 from __future__ import annotations
 
-from collections import namedtuple
-
 from rq.errors import ProtocolError
 from rq.jsonwire import dumps, loads
+from rq.record import Record
 
 # Not typing / dataclasses / signal at import: every `rq` call imports this module, and those
 # cost a shell loop of `rq sendmesg` ~12 ms a call (issue 15).
@@ -202,13 +201,14 @@ COMPLETIONS = {"done": "done", "err": "err", "fail": "err", "fails": "err",
                "relayed": "relayed", "resend": "resend"}
 
 
-class PipeLine(namedtuple("PipeLine", "kind text secs due newdest", defaults=(0, 0.0, ""))):
+class PipeLine(Record):
     """One parsed job line (a frozen record).  `kind` is run, done, err, relayed, resend,
     dup or malformed; `text` is the new status text (the whole line when malformed);
     `secs` the resend delay, `due` a dup's seconds from now, `newdest` a dup's target.
-    A namedtuple rather than a dataclass: see the imports above."""
+    A Record rather than a dataclass or a namedtuple: see the imports above."""
 
-    __slots__ = ()
+    __slots__ = ("kind", "text", "secs", "due", "newdest")
+    defaults = (0, 0.0, "")
     kind: str
     text: str
     secs: int

@@ -12,10 +12,12 @@ alone matches every topic).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from rq.errors import Fail
 from rq.protocol import valid_queue_name
+
+TYPE_CHECKING = False  # typing and collections stay off every `rq` call's path (issue 15)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 MAX_PATTERN_BYTES = 255
 

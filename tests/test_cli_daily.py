@@ -330,5 +330,5 @@ def test_message_commands_import_only_what_they_use(name: str) -> None:
     heavy = {"dataclasses", "inspect", "typing", "rq.config", "rq.cli.helptext",
              "rq.cli.queueadmin", "rq.cli.completion", "click", "croniter",
              "socket", "selectors",  # rq.client speaks through _socket (issue 15)
-             "json", "re", "enum", "functools"}
+             "json", "re", "enum", "functools", "collections"}
     assert not heavy & loaded

@@ -493,3 +493,20 @@ def test_parse_age(text: str, seconds: float) -> None:
 def test_parse_age_refuses(text: str) -> None:
     with pytest.raises(ProtocolError, match=r"^invalid age .* \(a number with s, m, h, d or w"):
         protocol.parse_age(text)
+
+
+def test_pipe_line_is_a_frozen_record() -> None:
+    """rq.record.Record (PipeLine, the CLI's Invocation and Command): defaults, keywords,
+    equality and hash by fields, frozen, and a clear TypeError for a wrong call."""
+    line = PipeLine("dup", "5-x-y", due=5.0, newdest="y")
+    assert line == PipeLine("dup", "5-x-y", 0, 5.0, "y") != PipeLine("dup", "5-x-y")
+    assert hash(line) == hash(PipeLine("dup", "5-x-y", 0, 5.0, "y"))
+    assert (line.secs, line.due) == (0, 5.0)
+    assert repr(PipeLine("run", "a")) == \
+        "PipeLine(kind='run', text='a', secs=0, due=0.0, newdest='')"
+    with pytest.raises(AttributeError):
+        line.kind = "run"  # type: ignore[misc]
+    for args, kwargs in [((), {}), (("run",), {}), (("a", "b", 1, 2.0, "c", "d"), {}),
+                         (("run", "a"), {"kind": "x"}), (("run", "a"), {"bogus": 1})]:
+        with pytest.raises(TypeError):
+            PipeLine(*args, **kwargs)

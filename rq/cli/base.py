@@ -10,14 +10,13 @@ goes through the owning daemon's socket (rq.client).
 from __future__ import annotations
 
 import os
-from collections import namedtuple
-
 from rq import client, protocol
 from rq.errors import ConnectError, ProtocolError, RQError
+from rq.record import Record
 
 # Issue 15: a shell loop of `rq sendmesg` pays for every module `rq` imports, so this one (on
 # every command's path) imports neither typing nor dataclasses: the records below are
-# namedtuples, frozen all the same.
+# rq.record's Records, frozen all the same, without collections' import.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -60,11 +59,12 @@ class CliError(RQError):
     """A local S19.3 error: printed as `rq: <text>` on stderr, exit 1."""
 
 
-class Invocation(namedtuple("Invocation", "root flags out err args", defaults=((),))):
+class Invocation(Record):
     """Everything a command needs: the root (S1.2), its flags and the streams, and
     the arguments that are neither flags nor their values (`rq push QUEUE`)."""
 
-    __slots__ = ()
+    __slots__ = ("root", "flags", "out", "err", "args")
+    defaults = ((),)
     root: str
     flags: Flags
     out: TextIO
@@ -86,11 +86,12 @@ if TYPE_CHECKING:
     CommandFunc = Callable[[Invocation], int]
 
 
-class Command(namedtuple("Command", "name run flags accumulating", defaults=(frozenset(),))):
+class Command(Record):
     """A registered command: its name, its function, the flags it knows and those
     of them that accumulate (wait's --msg_id) besides ACCUMULATING_FLAGS."""
 
-    __slots__ = ()
+    __slots__ = ("name", "run", "flags", "accumulating")
+    defaults = (frozenset(),)
     name: str
     run: CommandFunc
     flags: frozenset[str]
