@@ -248,6 +248,24 @@ def test_issue16_producer_api_and_cli_from_the_wheel(installed: Install, served:
     waited = installed.run(rq, "--root", str(served.root), "wait", "--msg_id", ids[0],
                            "--msg_id", ids[1], "--timeout", "60")
     assert (waited.returncode, waited.stdout) == (0, "".join(f"{i} done - ok\n" for i in ids))
+def test_installed_rq_command_imports_only_what_it_uses(installed: Install,
+                                                        served: Served) -> None:
+    """Issue 15 item 3 as a user gets it: the installed `rq` script (not an entry point's
+    wrapper, which pip 23.2 - the one bundled with Python 3.11 - writes with `import re`)
+    and a message command import neither re, json, enum, collections nor typing."""
+    sent = installed.run(installed.script("rq"), "--root", str(served.root), "sendmesg",
+                         "--dest", "test")
+    assert sent.returncode == 0, sent.stderr
+    done = installed.run(installed.script("python"), "-X", "importtime", installed.script("rq"),
+                         "--root", str(served.root), "statusmesg", "--msg_id",
+                         sent.stdout.split()[-1])
+    assert done.returncode == 0, done.stderr
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+              if line.startswith("import time:")}
+    assert "rq.cli.messages" in loaded
+    assert not loaded & {"re", "json", "enum", "collections", "typing", "functools"}
+
+
 def test_bulk_commands_and_the_systemd_unit_from_the_wheel(installed: Install,
                                                            served: Served) -> None:
     """Issue 16 items 6 and 7 from a clean wheel install: `rq purge`/`rq requeue` and the
