@@ -75,6 +75,9 @@ def test_fifty_queues_forked_serve_and_each_runs_a_message(root: str, tmp_path) 
         pids = [qs[n]["pid"] for n in names]
         assert len(set(pids)) == N and set(pids) <= set(children)
         assert any(p.cmdline()[0].startswith("[rq-que-fork]") for p in children.values())
+        # before any request: the loop, the socket's I/O thread and the spares' filler, no
+        # idle socket workers (each thread is private memory of an idle queue, issue 17)
+        assert max(children[p].num_threads() for p in pids) == 3
         for name in names:
             assert call_queue(root, name, "ping") == ["pong"]
             assert os.getpgid(qs[name]["pid"]) == qs[name]["pid"]  # its own group (S2.1)
