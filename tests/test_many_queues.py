@@ -20,6 +20,8 @@ from test_mgr_support import MAIN_CONFIG, env_with_repo, make_queue, pid_alive
 from rq.client import call_mgr, call_queue
 from rq.errors import ConnectError
 from rq.mgr import limits, pidfile
+from rq.queue import __main__ as queue_main
+from rq.queue import forkserver
 
 MAIN = "import sys; from rq.mgr.cli import main; sys.exit(main())"
 N = 50
@@ -91,6 +93,16 @@ def test_fifty_queues_forked_serve_and_each_runs_a_message(root: str, tmp_path) 
     # a forked queue leaves without the interpreter's teardown, its log written all the same
     log = (Path(root) / "log" / "queuemgr.log").read_text()
     assert all(f"queue {name} stopped" in log for name in names)
+
+
+def test_fork_server_parses_a_queue_command_line_before_the_fork(capsys) -> None:
+    """The queue process gets its command line parsed by the fork server (argparse run in
+    each queue process cost it private memory, issue 17); a bad one is left to the queue
+    process, which reports it as when run by hand, and the server itself prints nothing."""
+    argv = ["--root", "/r", "--name", "q", "--lifeline-fd", "5", "--ready-fd", "6"]
+    assert forkserver.parse_quietly(argv) == queue_main.SPEC.parse(argv)
+    assert forkserver.parse_quietly(["--name", "q", "--ready-fd", "x"]) is None
+    assert capsys.readouterr().err == ""
 
 
 def test_forked_queue_killed_is_reaped_restarted_and_its_orphan_job_reaped(

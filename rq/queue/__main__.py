@@ -10,6 +10,7 @@ runs one throw-away queue for the fork server (rq.queue.forkserver, issue 17).
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -113,8 +114,8 @@ SPEC = DaemonSpec(prog="rq.queue", logger="rq.queue", role="rq-que {name}",
                   crash_text="queue {name} crashed")
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_daemon(SPEC, argv)
+def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) -> int:
+    return run_daemon(SPEC, argv, args)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import array
+import contextlib
 import gc
+import io
 import json
 import logging
 import os
@@ -58,12 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     queue_main.warm_up()  # imports and runs what every queue process runs, once
     gc.disable()  # enabled again in each queue process (gc.freeze() docs)
     sock.sendall(b'{"ready": true}')
-    queue_argv = Server(sock).serve()
-    if queue_argv is None:
+    queue = Server(sock).serve()
+    if queue is None:
         return 0
     gc.enable()
+    queue_argv, queue_args = queue
     sys.argv = [queue_main.__file__, *queue_argv]
-    code = queue_main.main(queue_argv)
+    code = queue_main.main(queue_argv, queue_args)
     # The queue has stopped and closed what it owns.  A normal interpreter exit would now
     # free every module object, writing to (and so copying) each page shared with this
     # server: most of `rq-mgr stop`'s time with a thousand queues.  Flush and go.
@@ -89,8 +92,8 @@ class Server:
         self.poll.register(sock, select.POLLIN)
         self.middles: dict[int, tuple[list[object], int]] = {}  # pipe -> (ids, middle pid)
 
-    def serve(self) -> list[str] | None:
-        """Answer requests until EOF (None); in a forked queue process, its argv."""
+    def serve(self) -> tuple[list[str], argparse.Namespace | None] | None:
+        """Answer requests until EOF (None); in a forked queue process, its argv, parsed."""
         while True:
             for fd, _ in self.poll.poll():
                 if fd in self.middles:
@@ -99,9 +102,9 @@ class Server:
                 batch = self.read_batch()
                 if batch is None:
                     return None
-                argv = self.start(batch)
-                if argv is not None:
-                    return argv  # the queue process: run it
+                queue = self.start(batch)
+                if queue is not None:
+                    return queue  # the queue process: run it
 
     def read_batch(self) -> list[tuple[object, list[str], list[int]]] | None:
         """Every request waiting on the socket (at least one): [(id, argv, fds)]; None
@@ -127,9 +130,13 @@ class Server:
                 close_all(fds)
                 self.reply({"error": f"bad request: {exc}"})
 
-    def start(self, batch: list[tuple[object, list[str], list[int]]]) -> list[str] | None:
+    def start(self, batch: list[tuple[object, list[str], list[int]]]
+              ) -> tuple[list[str], argparse.Namespace | None] | None:
         if not batch:
             return None
+        argvs = [[*argv, "--lifeline-fd", str(fds[0]), "--ready-fd", str(fds[1])]
+                 for _, argv, fds in batch]
+        parsed = [parse_quietly(argv) for argv in argvs]
         try:
             gc.freeze()  # every object so far: never touched by a child's collector
             forked = proc.fork_adopted([fds for _, _, fds in batch])
@@ -139,8 +146,7 @@ class Server:
                 self.reply({"id": rid, "error": f"cannot fork: {exc.strerror or exc}"})
         if isinstance(forked, int):
             self.sock.detach()  # closed by fork_adopted: never close that number again
-            _, argv, fds = batch[forked]
-            return [*argv, "--lifeline-fd", str(fds[0]), "--ready-fd", str(fds[1])]
+            return argvs[forked], parsed[forked]
         for _, _, fds in batch:
             close_all(fds)
         if forked is not None:
@@ -169,6 +175,18 @@ class Server:
 
     def reply(self, obj: dict[str, object]) -> None:
         self.sock.sendall(json.dumps(obj).encode())
+
+
+def parse_quietly(argv: list[str]) -> argparse.Namespace | None:
+    """A queue process's command line parsed here, before the fork: argparse's code and
+    objects then stay shared, where parsing in each queue process wrote to the pages of
+    some 40 functions (issue 17).  None if it is bad: the queue process parses it again
+    and fails as it would run by hand (exit 2, usage on stderr)."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return queue_main.SPEC.parse(argv)
+    except SystemExit:
+        return None
 
 
 def recv_request(sock: socket.socket, flags: int) -> tuple[bytes, list[int]]:
