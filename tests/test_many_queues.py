@@ -3,6 +3,7 @@ the manager's supervision (S2), and host limits refused at start-up with one cle
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import shutil
@@ -10,10 +11,12 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
 import pytest
+import setproctitle
 from rqtest import free_port, wait_for, write_root, write_script
 from test_mgr_support import MAIN_CONFIG, env_with_repo, make_queue, pid_alive
 
@@ -103,6 +106,27 @@ def test_fork_server_parses_a_queue_command_line_before_the_fork(capsys) -> None
     assert forkserver.parse_quietly(argv) == queue_main.SPEC.parse(argv)
     assert forkserver.parse_quietly(["--name", "q", "--ready-fd", "x"]) is None
     assert capsys.readouterr().err == ""
+
+
+def test_fork_server_warm_up_runs_whole_queues_and_leaves_the_process_as_it_was(
+        monkeypatch) -> None:
+    """warm_up runs each throw-away queue through the whole program (its command line
+    parsed, logging, config, serve, stop: all that a forked queue process would otherwise
+    quicken and copy for itself, issue 17), then leaves no descriptor, thread, logging
+    handler, signal handler or working directory of theirs behind."""
+    codes: list[int] = []
+    real = queue_main.run_daemon
+    monkeypatch.setattr(queue_main, "run_daemon",
+                        lambda *a: codes.append(real(*a)) or codes[-1])
+    fds, cwd, threads = sorted(os.listdir("/proc/self/fd")), os.getcwd(), threading.active_count()
+    handlers, level = list(logging.root.handlers), logging.root.level
+    signals = {sig: signal.getsignal(sig) for sig in queue_main.WARM_SIGNALS}
+    queue_main.warm_up(setproctitle.getproctitle(), runs=3)
+    assert codes == [0, 0, 0]  # each started, served, saw its manager gone and stopped
+    assert sorted(os.listdir("/proc/self/fd")) == fds and os.getcwd() == cwd
+    assert threading.active_count() == threads
+    assert logging.root.handlers == handlers and logging.root.level == level
+    assert {sig: signal.getsignal(sig) for sig in queue_main.WARM_SIGNALS} == signals
 
 
 def test_forked_queue_killed_is_reaped_restarted_and_its_orphan_job_reaped(

@@ -1,7 +1,7 @@
 """The queue fork server (issue 17): queue processes forked from one preloaded parent.
 
 `python -m rq.queue.forkserver --sock-fd F`, started by rq-mgr (rq.mgr.spawner) with one end
-of a socket pair.  Once, it imports what a queue process runs and runs one throw-away queue
+of a socket pair.  Once, it imports what a queue process runs and runs a few throw-away queues
 (rq.queue.__main__.warm_up); then, for each request on the socket (`{"id": I, "argv": [...]}`
 plus the lifeline read end and the ready write end as SCM_RIGHTS), it forks and answers
 `{"id": I, "pid": N}` or `{"id": I, "error": TEXT}`.  The forked process does what
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     setproctitle.setproctitle(args.title)
     threading.stack_size(THREAD_STACK)  # inherited: 1 MiB of address space, not 8, per thread
     sock = socket.socket(fileno=args.sock_fd)
-    queue_main.warm_up()  # imports and runs what every queue process runs, once
+    queue_main.warm_up(args.title)  # imports and runs what every queue process runs
     gc.disable()  # enabled again in each queue process (gc.freeze() docs)
     sock.sendall(b'{"ready": true}')
     queue = Server(sock).serve()
