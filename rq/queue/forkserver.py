@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import array
-import contextlib
 import gc
-import io
 import json
 import logging
 import os
@@ -136,7 +134,6 @@ class Server:
             return None
         argvs = [[*argv, "--lifeline-fd", str(fds[0]), "--ready-fd", str(fds[1])]
                  for _, argv, fds in batch]
-        parsed = [parse_quietly(argv) for argv in argvs]
         try:
             gc.freeze()  # every object so far: never touched by a child's collector
             forked = proc.fork_adopted([fds for _, _, fds in batch])
@@ -146,7 +143,7 @@ class Server:
                 self.reply({"id": rid, "error": f"cannot fork: {exc.strerror or exc}"})
         if isinstance(forked, int):
             self.sock.detach()  # closed by fork_adopted: never close that number again
-            return argvs[forked], parsed[forked]
+            return argvs[forked], quick_parse(argvs[forked])
         for _, _, fds in batch:
             close_all(fds)
         if forked is not None:
@@ -177,16 +174,34 @@ class Server:
         self.sock.sendall(json.dumps(obj).encode())
 
 
-def parse_quietly(argv: list[str]) -> argparse.Namespace | None:
-    """A queue process's command line parsed here, before the fork: argparse's code and
-    objects then stay shared, where parsing in each queue process wrote to the pages of
-    some 40 functions (issue 17).  None if it is bad: the queue process parses it again
-    and fails as it would run by hand (exit 2, usage on stderr)."""
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            return queue_main.SPEC.parse(argv)
-    except SystemExit:
+# What rq-mgr asks for (rq.mgr.programs.default_argv, plus the pipes): every flag once.
+QUICK_FLAGS = {"--root": str, "--name": str, "--lifeline-fd": int, "--ready-fd": int}
+
+
+def quick_parse(argv: list[str]) -> argparse.Namespace | None:
+    """The queue command line rq-mgr sends, parsed without argparse: equal to what
+    rq.queue.__main__.SPEC.parse gives for it (tests compare them), None for anything else,
+    which argparse then parses in the queue process.  Running argparse there (some 40
+    functions and their objects, a help formatter included) copied ~0.3 MiB of pages
+    shared with this server into each queue process; run here, before the fork, it left
+    this server's memory more fragmented with each request, and the queue processes forked
+    later paid for it (issue 17)."""
+    args = argparse.Namespace(root=None, name=None, lifeline_fd=None, ready_fd=None,
+                              log_stderr=False)
+    rest = list(argv)
+    if rest[-1:] == ["--log-stderr"]:
+        args.log_stderr = True
+        rest.pop()
+    if len(rest) != 2 * len(QUICK_FLAGS) or set(rest[::2]) != set(QUICK_FLAGS):
         return None
+    for flag, value in zip(rest[::2], rest[1::2]):
+        if value.startswith("-") or not value:
+            return None
+        try:
+            setattr(args, flag[2:].replace("-", "_"), QUICK_FLAGS[flag](value))
+        except ValueError:
+            return None
+    return args
 
 
 def recv_request(sock: socket.socket, flags: int) -> tuple[bytes, list[int]]:
