@@ -71,7 +71,7 @@ class DaemonSpec:
 def run_daemon(spec: DaemonSpec, argv: list[str] | None = None,
                args: argparse.Namespace | None = None) -> int:
     """Start the daemon `spec` describes and serve until it stops; its exit code.  `args`:
-    `argv` parsed already (by the queue fork server, before the fork: issue 17)."""
+    `argv` parsed already (by the queue fork server without argparse: issue 17)."""
     args = spec.parse(argv) if args is None else args
     log = logging.getLogger(spec.logger)
     fields = vars(args)
