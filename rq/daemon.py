@@ -68,9 +68,11 @@ class DaemonSpec:
         return parser.parse_args(argv)
 
 
-def run_daemon(spec: DaemonSpec, argv: list[str] | None = None) -> int:
-    """Start the daemon `spec` describes and serve until it stops; its exit code."""
-    args = spec.parse(argv)
+def run_daemon(spec: DaemonSpec, argv: list[str] | None = None,
+               args: argparse.Namespace | None = None) -> int:
+    """Start the daemon `spec` describes and serve until it stops; its exit code.  `args`:
+    `argv` parsed already (by the queue fork server without argparse: issue 17)."""
+    args = spec.parse(argv) if args is None else args
     log = logging.getLogger(spec.logger)
     fields = vars(args)
     role = spec.role.format(**fields)

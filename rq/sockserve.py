@@ -11,10 +11,13 @@ One I/O thread accepts and reads every connection without blocking (a
 selector), so a slow or silent client holds no thread.  A complete request is
 then either answered by a worker thread (any command: workers may block as long
 as the handler needs, e.g. a reserve that waits or a subscription that keeps
-the connection; a worker is started whenever none is free, and surplus ones
-retire), or, for the commands named in `batch_cmds`, collected: the requests of
-those commands read in one pass are answered together by the I/O thread itself
-through `batch_handler`.  The queue process uses that for create_message, so
+the connection; a worker is started whenever none is free, up to SPARE_WORKERS
+free ones are kept and surplus ones retire; `prestart_workers` are started with
+the server (none in a queue process: each thread is private memory of an idle
+queue, its stack, thread state and malloc arena, issue 17), or, for the
+commands named in `batch_cmds`, collected: the requests of those commands read
+in one pass are answered together by the I/O thread itself through
+`batch_handler`.  The queue process uses that for create_message, so
 concurrent enqueues share one commit (rq.queue.enqueue) and the request path
 runs on one thread: with a thread per request, eight clients made eight
 threads hand the GIL to each other at every system call.
@@ -117,8 +120,9 @@ class Rq1Server:
 
     def __init__(self, path: str, handler: Handler, *, batch_cmds: Collection[str] = (),
                  batch_handler: BatchHandler | None = None,
-                 max_unsent: int = MAX_UNSENT) -> None:
+                 max_unsent: int = MAX_UNSENT, prestart_workers: int = SPARE_WORKERS) -> None:
         self.path = path
+        self.prestart_workers = prestart_workers  # started with the server; later ones on demand
         self.max_unsent = max_unsent
         self.handler = handler
         self.batch_cmds = frozenset(batch_cmds) if batch_handler is not None else frozenset()
@@ -148,7 +152,7 @@ class Rq1Server:
         self._busy_cond = threading.Condition(self._lock)
         self._outbox: queue.SimpleQueue[Handed] = queue.SimpleQueue()
         self._io_closed = False             # set (under _lock) once the I/O thread ended
-        for _ in range(SPARE_WORKERS):
+        for _ in range(self.prestart_workers):
             self._add_worker()
         self._io = threading.Thread(target=self._io_loop, name="rq1-io", daemon=True)
         self._io.start()

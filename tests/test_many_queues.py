@@ -3,6 +3,7 @@ the manager's supervision (S2), and host limits refused at start-up with one cle
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import shutil
@@ -10,16 +11,20 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
 import pytest
+import setproctitle
 from rqtest import free_port, wait_for, write_root, write_script
 from test_mgr_support import MAIN_CONFIG, env_with_repo, make_queue, pid_alive
 
 from rq.client import call_mgr, call_queue
 from rq.errors import ConnectError
 from rq.mgr import limits, pidfile
+from rq.queue import __main__ as queue_main
+from rq.queue import forkserver
 
 MAIN = "import sys; from rq.mgr.cli import main; sys.exit(main())"
 N = 50
@@ -75,6 +80,9 @@ def test_fifty_queues_forked_serve_and_each_runs_a_message(root: str, tmp_path) 
         pids = [qs[n]["pid"] for n in names]
         assert len(set(pids)) == N and set(pids) <= set(children)
         assert any(p.cmdline()[0].startswith("[rq-que-fork]") for p in children.values())
+        # before any request: the loop, the socket's I/O thread and the spares' filler, no
+        # idle socket workers (each thread is private memory of an idle queue, issue 17)
+        assert max(children[p].num_threads() for p in pids) == 3
         for name in names:
             assert call_queue(root, name, "ping") == ["pong"]
             assert os.getpgid(qs[name]["pid"]) == qs[name]["pid"]  # its own group (S2.1)
@@ -88,6 +96,56 @@ def test_fifty_queues_forked_serve_and_each_runs_a_message(root: str, tmp_path) 
     # a forked queue leaves without the interpreter's teardown, its log written all the same
     log = (Path(root) / "log" / "queuemgr.log").read_text()
     assert all(f"queue {name} stopped" in log for name in names)
+
+
+QUEUE_ARGV = ["--root", "/r", "--name", "q", "--lifeline-fd", "5", "--ready-fd", "6"]
+
+
+@pytest.mark.parametrize("argv", [
+    QUEUE_ARGV,
+    [*QUEUE_ARGV, "--log-stderr"],
+    ["--name", "q", "--ready-fd", "6", "--root", "/r r", "--lifeline-fd", "05"],
+])
+def test_fork_server_parses_what_rq_mgr_sends_as_argparse_does(argv: list[str]) -> None:
+    """A forked queue process gets its command line parsed without argparse (which cost
+    each one private memory, issue 17): the same Namespace as SPEC.parse."""
+    assert forkserver.quick_parse(argv) == queue_main.SPEC.parse(argv)
+
+
+@pytest.mark.parametrize("argv", [
+    [*QUEUE_ARGV, "--root", "/x"],                     # a flag twice
+    QUEUE_ARGV[:-2],                                   # one missing
+    [*QUEUE_ARGV[:-1], "x"],                           # not a number
+    ["--root=/r", *QUEUE_ARGV[2:]],                    # another spelling
+    [*QUEUE_ARGV[:3], "-q", *QUEUE_ARGV[4:]],          # a value like an option
+    [*QUEUE_ARGV, "--log-stderr", "--log-stderr"],
+    [*QUEUE_ARGV, "--help"],
+])
+def test_fork_server_leaves_any_other_command_line_to_argparse(argv: list[str]) -> None:
+    """Anything else is None: argparse parses it in the queue process, which then fails
+    (or not) exactly as when run by hand."""
+    assert forkserver.quick_parse(argv) is None
+
+
+def test_fork_server_warm_up_runs_whole_queues_and_leaves_the_process_as_it_was(
+        monkeypatch) -> None:
+    """warm_up runs each throw-away queue through the whole program (its command line
+    parsed, logging, config, serve, stop: all that a forked queue process would otherwise
+    quicken and copy for itself, issue 17), then leaves no descriptor, thread, logging
+    handler, signal handler or working directory of theirs behind."""
+    codes: list[int] = []
+    real = queue_main.run_daemon
+    monkeypatch.setattr(queue_main, "run_daemon",
+                        lambda *a: codes.append(real(*a)) or codes[-1])
+    fds, cwd, threads = sorted(os.listdir("/proc/self/fd")), os.getcwd(), threading.active_count()
+    handlers, level = list(logging.root.handlers), logging.root.level
+    signals = {sig: signal.getsignal(sig) for sig in queue_main.WARM_SIGNALS}
+    queue_main.warm_up(setproctitle.getproctitle(), runs=3)
+    assert codes == [0, 0, 0]  # each started, served, saw its manager gone and stopped
+    assert sorted(os.listdir("/proc/self/fd")) == fds and os.getcwd() == cwd
+    assert threading.active_count() == threads
+    assert logging.root.handlers == handlers and logging.root.level == level
+    assert {sig: signal.getsignal(sig) for sig in queue_main.WARM_SIGNALS} == signals
 
 
 def test_forked_queue_killed_is_reaped_restarted_and_its_orphan_job_reaped(

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rqtest import decode_reply_frame, raw_exchange
+from rqtest import decode_reply_frame, raw_exchange, wait_for
 
 from rq import client, protocol, sockserve
 from rq.errors import Fail, ProtocolError
@@ -102,6 +102,31 @@ def answer(s: socket.socket) -> Any:
 
 def echo(cmd: str, arg: Any, conn: Any) -> Any:
     return ["ok", cmd, arg]
+
+
+def workers_started_since(before: set[threading.Thread]) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "rq1-worker" and t not in before]
+
+
+@pytest.mark.parametrize("prestart", [0, 2])
+def test_workers_are_started_with_the_server_only_as_asked_then_on_demand_and_kept(
+        tmp_path: Path, prestart: int) -> None:
+    """`prestart_workers` (the queue process asks for none, issue 17): a request finding
+    no free worker starts one, and a worker that answered is kept for the next request."""
+    before = {t for t in threading.enumerate() if t.name == "rq1-worker"}
+    path = str(tmp_path / "s.sock")
+    server = Rq1Server(path, echo, prestart_workers=prestart)
+    server.start()
+    try:
+        assert len(workers_started_since(before)) == prestart
+        assert client.call(path, "ping", raw=True) == ["ok", "ping", None]
+        started = workers_started_since(before)
+        assert len(started) == max(1, prestart)
+        wait_for(lambda: server._free == len(started), 5, 0.01, "the worker free again")
+        assert client.call(path, "ping", raw=True) == ["ok", "ping", None]
+        assert workers_started_since(before) == started  # no new thread: it was kept
+    finally:
+        server.close()
 
 
 def test_requests_read_in_one_pass_are_answered_as_one_batch(

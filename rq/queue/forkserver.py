@@ -1,7 +1,7 @@
 """The queue fork server (issue 17): queue processes forked from one preloaded parent.
 
 `python -m rq.queue.forkserver --sock-fd F`, started by rq-mgr (rq.mgr.spawner) with one end
-of a socket pair.  Once, it imports what a queue process runs and runs one throw-away queue
+of a socket pair.  Once, it imports what a queue process runs and runs a few throw-away queues
 (rq.queue.__main__.warm_up); then, for each request on the socket (`{"id": I, "argv": [...]}`
 plus the lifeline read end and the ready write end as SCM_RIGHTS), it forks and answers
 `{"id": I, "pid": N}` or `{"id": I, "error": TEXT}`.  The forked process does what
@@ -55,15 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     setproctitle.setproctitle(args.title)
     threading.stack_size(THREAD_STACK)  # inherited: 1 MiB of address space, not 8, per thread
     sock = socket.socket(fileno=args.sock_fd)
-    queue_main.warm_up()  # imports and runs what every queue process runs, once
+    queue_main.warm_up(args.title)  # imports and runs what every queue process runs
     gc.disable()  # enabled again in each queue process (gc.freeze() docs)
     sock.sendall(b'{"ready": true}')
-    queue_argv = Server(sock).serve()
-    if queue_argv is None:
+    queue = Server(sock).serve()
+    if queue is None:
         return 0
     gc.enable()
+    queue_argv, queue_args = queue
     sys.argv = [queue_main.__file__, *queue_argv]
-    code = queue_main.main(queue_argv)
+    code = queue_main.main(queue_argv, queue_args)
     # The queue has stopped and closed what it owns.  A normal interpreter exit would now
     # free every module object, writing to (and so copying) each page shared with this
     # server: most of `rq-mgr stop`'s time with a thousand queues.  Flush and go.
@@ -89,8 +90,8 @@ class Server:
         self.poll.register(sock, select.POLLIN)
         self.middles: dict[int, tuple[list[object], int]] = {}  # pipe -> (ids, middle pid)
 
-    def serve(self) -> list[str] | None:
-        """Answer requests until EOF (None); in a forked queue process, its argv."""
+    def serve(self) -> tuple[list[str], argparse.Namespace | None] | None:
+        """Answer requests until EOF (None); in a forked queue process, its argv, parsed."""
         while True:
             for fd, _ in self.poll.poll():
                 if fd in self.middles:
@@ -99,9 +100,9 @@ class Server:
                 batch = self.read_batch()
                 if batch is None:
                     return None
-                argv = self.start(batch)
-                if argv is not None:
-                    return argv  # the queue process: run it
+                queue = self.start(batch)
+                if queue is not None:
+                    return queue  # the queue process: run it
 
     def read_batch(self) -> list[tuple[object, list[str], list[int]]] | None:
         """Every request waiting on the socket (at least one): [(id, argv, fds)]; None
@@ -127,9 +128,12 @@ class Server:
                 close_all(fds)
                 self.reply({"error": f"bad request: {exc}"})
 
-    def start(self, batch: list[tuple[object, list[str], list[int]]]) -> list[str] | None:
+    def start(self, batch: list[tuple[object, list[str], list[int]]]
+              ) -> tuple[list[str], argparse.Namespace | None] | None:
         if not batch:
             return None
+        argvs = [[*argv, "--lifeline-fd", str(fds[0]), "--ready-fd", str(fds[1])]
+                 for _, argv, fds in batch]
         try:
             gc.freeze()  # every object so far: never touched by a child's collector
             forked = proc.fork_adopted([fds for _, _, fds in batch])
@@ -139,8 +143,7 @@ class Server:
                 self.reply({"id": rid, "error": f"cannot fork: {exc.strerror or exc}"})
         if isinstance(forked, int):
             self.sock.detach()  # closed by fork_adopted: never close that number again
-            _, argv, fds = batch[forked]
-            return [*argv, "--lifeline-fd", str(fds[0]), "--ready-fd", str(fds[1])]
+            return argvs[forked], quick_parse(argvs[forked])
         for _, _, fds in batch:
             close_all(fds)
         if forked is not None:
@@ -169,6 +172,36 @@ class Server:
 
     def reply(self, obj: dict[str, object]) -> None:
         self.sock.sendall(json.dumps(obj).encode())
+
+
+# What rq-mgr asks for (rq.mgr.programs.default_argv, plus the pipes): every flag once.
+QUICK_FLAGS = {"--root": str, "--name": str, "--lifeline-fd": int, "--ready-fd": int}
+
+
+def quick_parse(argv: list[str]) -> argparse.Namespace | None:
+    """The queue command line rq-mgr sends, parsed without argparse: equal to what
+    rq.queue.__main__.SPEC.parse gives for it (tests compare them), None for anything else,
+    which argparse then parses in the queue process.  Running argparse there (some 40
+    functions and their objects, a help formatter included) copied ~0.3 MiB of pages
+    shared with this server into each queue process; run here, before the fork, it left
+    this server's memory more fragmented with each request, and the queue processes forked
+    later paid for it (issue 17)."""
+    args = argparse.Namespace(root=None, name=None, lifeline_fd=None, ready_fd=None,
+                              log_stderr=False)
+    rest = list(argv)
+    if rest[-1:] == ["--log-stderr"]:
+        args.log_stderr = True
+        rest.pop()
+    if len(rest) != 2 * len(QUICK_FLAGS) or set(rest[::2]) != set(QUICK_FLAGS):
+        return None
+    for flag, value in zip(rest[::2], rest[1::2]):
+        if value.startswith("-") or not value:
+            return None
+        try:
+            setattr(args, flag[2:].replace("-", "_"), QUICK_FLAGS[flag](value))
+        except ValueError:
+            return None
+    return args
 
 
 def recv_request(sock: socket.socket, flags: int) -> tuple[bytes, list[int]]:

@@ -56,14 +56,14 @@ class QueueProcess:
         self.by_pid: dict[int, J.Job] = {}
         self.group_kills: list[tuple[float, int]] = []
         self.stop_kill_at: float | None = None
-        self.lifeline_fd = lifeline_fd
-        self.ready_fd = ready_fd
+        self.lifeline_fd, self.ready_fd = lifeline_fd, ready_fd
         for fd in (lifeline_fd, ready_fd):  # passed to us inheritable; jobs get none (S6.3)
             if fd is not None:
                 os.set_inheritable(fd, False)
         self.lock_fd, self.idle_sleep = -1, False
         self.server = Rq1Server(client.queue_socket(main.root, cfg.name), self.handle_request,
-                                batch_cmds={"create_message"}, batch_handler=self.handle_creates)
+                                batch_cmds={"create_message"}, batch_handler=self.handle_creates,
+                                prestart_workers=0)  # a thread: private pages (issue 17)
 
     def request_stop(self) -> None:
         """From a socket thread (`shutdown`): the loop begins the graceful stop."""
