@@ -1,7 +1,7 @@
 """Spare message directories made ahead of need, off the request path.
 
-Owns `queue/NAME/.spare/`: a background thread keeps a few spares of each
-kind there: `msg-N/` holding an empty `msg` file, `job-N/` holding an empty
+Owns `queue/NAME/.spare/`: a background thread, running only while a kind is
+being refilled, keeps a few spares of each kind there: `msg-N/` holding an empty `msg` file, `job-N/` holding an empty
 `stdio.log`, and plain empty files `file-N`.  Creating an inode is the dearest
 step of a durable enqueue on ext4 (a `mkdir` plus a file create cost 0.3-1 ms
 of kernel time while the journal is busy with the previous message's fsyncs or
@@ -73,8 +73,8 @@ class Spares:
         except OSError as exc:
             log.warning("no spare message directories (%s): enqueue uses mkdir", exc)
             return
-        self._thread = threading.Thread(target=self._fill, name="rq-spares", daemon=True)
-        self._thread.start()
+        with self._cond:
+            self._wake_filler()
 
     def close(self) -> None:
         with self._cond:
@@ -86,11 +86,11 @@ class Spares:
         with self._cond:
             ready = self._ready[kind]
             if not ready:
-                self._cond.notify()
+                self._wake_filler()
                 return None
             path = ready.pop()
             if len(ready) < LOW:
-                self._cond.notify()
+                self._wake_filler()
             return path
 
     def recycle(self, path: str) -> bool:
@@ -120,12 +120,20 @@ class Spares:
             return []
         return [kind for kind, r in self._ready.items() for _ in range(HIGH - len(r))]
 
+    def _wake_filler(self) -> None:
+        """Start the filler thread when a kind is below LOW and it does not run (called
+        with the lock held).  It leaves once it has made every kind up to HIGH again: an
+        idle queue keeps its spares but no thread for them (a thread is private memory of
+        each of a host's queue processes, issue 17)."""
+        if self._thread is None and not self._closed and self._wanted():
+            self._thread = threading.Thread(target=self._fill, name="rq-spares", daemon=True)
+            self._thread.start()
+
     def _fill(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not self._wanted():
-                    self._cond.wait()
-                if self._closed:
+                if self._closed or not self._wanted():
+                    self._thread = None
                     return
                 wanted = self._wanted()
             try:

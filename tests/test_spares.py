@@ -11,6 +11,7 @@ an ok for a message that is not durable (crash test (2) of issue 2, spare path).
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,24 @@ def test_refill_below_low_water(store: Store) -> None:
         store.allocate({"dest": "s", "param1": str(i)}, 1_700_000_000.0, "http://h:1/")
     wait_for(lambda: store.spares.ready() >= spares.HIGH, 10, what="refill")
     assert len(os.listdir(store.state_dir("prep"))) == spares.HIGH - spares.LOW + 1
+
+
+def fillers() -> int:
+    return sum(t.name == "rq-spares" for t in threading.enumerate())
+
+
+def test_the_filler_runs_only_while_a_kind_is_refilled(store: Store) -> None:
+    """Issue 17: full pools leave no thread behind; a take below LOW starts one, which
+    refills to HIGH and leaves again."""
+    wait_for(lambda: fillers() == 0, 10, what="the filler gone once the spares are made")
+    for _ in range(spares.HIGH - spares.LOW + 1):
+        assert store.spares.take("job") is not None
+    wait_for(lambda: store.spares.ready("job") >= spares.HIGH, 10, what="refill")
+    wait_for(lambda: fillers() == 0, 10, what="the filler gone after the refill")
+    store.spares.close()
+    for _ in range(spares.HIGH):
+        store.spares.take("job")
+    assert fillers() == 0  # closed: no new filler
 
 
 def test_recycle_keeps_a_file_as_a_spare_until_the_pool_is_full(store: Store) -> None:
