@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(fileno=args.sock_fd)
     queue_main.warm_up()  # imports and runs what every queue process runs, once
     gc.disable()  # enabled again in each queue process (gc.freeze() docs)
-    sock.sendall(b'{"ready": true}')
+    try:
+        sock.sendall(b'{"ready": true}')
+    except OSError:  # rq-mgr is gone already (a start that failed): nothing to serve
+        return 0
     queue_argv = Server(sock).serve()
     if queue_argv is None:
         return 0
