@@ -1,9 +1,5 @@
-"""The RQ web dashboard and REST API (SPEC S14–S18): a Flask application.
-
-`create_app(root)` builds the app for one RQ root (config read at the edge and
-frozen); `python -m rq.web --root ROOT` serves it with waitress, supervised by
-rq-mgr.  The folder is the repository's top-level web/, installed as the package
-`rq.web` (pyproject.toml), so imports inside it are relative.
+"""The Flask application of the dashboard (SPEC S14-S18): `create_app(root)`, re-exported
+as `rq.web.create_app`.
 
 Blueprints: `api` (read-only JSON and text routes, metrics), `actions` (every
 POST route: messages, attachments, admin operations, queues), `bulkcreate`
