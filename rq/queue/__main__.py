@@ -58,6 +58,7 @@ def warm_up() -> None:
     queue process would otherwise do for itself is done once, here, and shared: the
     interpreter's specialised bytecode (Python 3.11 rewrites code objects as they run),
     caches and lazily made objects.  Then single-threaded again, signals as they were."""
+    from rq import cron  # noqa: F401 - loaded only by a queue with a schedule: shared here
     from rq.config import load_main_config
     from rq.fsops import FsOps
     from rq.queue.process import QueueProcess
