@@ -103,6 +103,10 @@ def test_forked_queue_killed_is_reaped_restarted_and_its_orphan_job_reaped(
         assert call_queue(root, "w", "create_message", {"dest": "w"})[0] == "ok"
         job = int(wait_for(lambda: mark.exists() and mark.read_text().strip(), 30, 0.05,
                            "the job's pid"))
+        # The queue process records its job (run/ID/proc.json, S2.7) just after the spawn;
+        # the job can write its mark first: kill the queue only once it knows its job.
+        run = tmp_path / "root" / "queue" / "w" / "run"
+        wait_for(lambda: any(run.glob("*/proc.json")), 30, 0.01, "the job recorded")
         os.kill(first, signal.SIGKILL)
         child = wait_for(lambda: (c := status(root)["queues"]["w"])["restarts"] == 1 and c,
                          30, 0.05, "the queue restarted")
