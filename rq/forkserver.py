@@ -6,8 +6,9 @@ request) with two more programs it may fork: the timers and scandir daemons, imp
 once so that each start of a root no longer pays a fresh interpreter for each (~0.15 s CPU
 apiece).  A request names its program (`"module": "rq.timers"`); the forked process runs
 that program's `main` exactly as `python -m rq.timers ARGV` would.  It lives here, not in
-rq.queue, because the daemons' packages must not import each other (docs/DESIGN.md); the
-web server is not among them (its Flask imports would weigh on every forked process).
+rq.queue, because the daemons' packages must not import each other (docs/DESIGN.md).  The
+web server is not among them: the engine never imports rq.web (it starts as a fresh
+interpreter, without Flask until its first request).
 """
 
 from __future__ import annotations
