@@ -364,3 +364,18 @@ def test_s9_2_malformed_state_is_left_out(data: object) -> None:
 def test_s9_2_state_keeps_good_keys_beside_bad_ones() -> None:
     data = {"ok": {"last_fire": 5, "last_msg_id": 7}, "bad": {"last_fire": None}}
     assert cron.parse_state(data) == {"ok": Track(5, None)}
+
+
+def test_a_queue_process_imports_croniter_only_for_a_schedule() -> None:
+    """Issue 14 section 4: rq.cron (croniter, zoneinfo) is loaded by a queue with a schedule
+    or a tracking state only; the queue process's own modules do not pull it in."""
+    import os
+    import subprocess
+    import sys
+
+    from rqtest import REPO
+    probe = ("import sys\nimport rq.queue.__main__, rq.queue.process\n"
+             "print(sorted({'croniter', 'rq.cron', 'zoneinfo'} & set(sys.modules)))\n")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60, check=True)
+    assert res.stdout.strip() == "[]"

@@ -164,6 +164,10 @@ def test_forked_queue_killed_is_reaped_restarted_and_its_orphan_job_reaped(
         assert call_queue(root, "w", "create_message", {"dest": "w"})[0] == "ok"
         job = int(wait_for(lambda: mark.exists() and mark.read_text().strip(), 30, 0.05,
                            "the job's pid"))
+        # The queue process records its job (run/ID/proc.json, S2.7) just after the spawn;
+        # the job can write its mark first: kill the queue only once it knows its job.
+        run = tmp_path / "root" / "queue" / "w" / "run"
+        wait_for(lambda: any(run.glob("*/proc.json")), 30, 0.01, "the job recorded")
         os.kill(first, signal.SIGKILL)
         child = wait_for(lambda: (c := status(root)["queues"]["w"])["restarts"] == 1 and c,
                          30, 0.05, "the queue restarted")
@@ -177,6 +181,42 @@ def test_forked_queue_killed_is_reaped_restarted_and_its_orphan_job_reaped(
         assert [c.pid for c in mgr.children() if c.status() == psutil.STATUS_ZOMBIE] == []
     finally:
         assert rq_mgr(root, "stop").returncode == 0
+
+
+def test_timers_and_scandir_are_forked_supervised_as_before(root: str) -> None:
+    """Issue 14 section 4: the timers and scandir daemons come from the fork server too (no
+    fresh interpreter each: their private memory shows it), as the manager's own children in
+    their own sessions; a SIGKILL is seen with its real exit status and backs off (S2.3);
+    `rq-mgr stop` stops them and their last log lines are written."""
+    for sub in ("timers", "scandir"):
+        os.makedirs(os.path.join(root, sub), exist_ok=True)
+    assert rq_mgr(root, "start").returncode == 0
+    try:
+        def both_running() -> dict | None:
+            st = status(root)
+            ok = all(st[k] and st[k]["state"] == "RUNNING" for k in ("timers", "scandir"))
+            return st if ok else None
+        st = wait_for(both_running, 30, 0.05, "timers and scandir RUNNING")
+        mgr = psutil.Process(pidfile.running_pid(root))
+        children = {p.pid: p for p in mgr.children()}
+        pids = {k: st[k]["pid"] for k in ("timers", "scandir")}
+        for kind, pid in pids.items():
+            assert pid in children, kind
+            assert children[pid].cmdline()[0] == f"[rq-{kind}]"
+            assert os.getsid(pid) == pid  # its own session and group, as a spawn gives
+            # a fresh interpreter of either: ~13 MiB of its own; forked: under 5
+            assert children[pid].memory_full_info().uss < 8 * 2**20, kind
+        os.kill(pids["timers"], signal.SIGKILL)
+        again = wait_for(lambda: (t := status(root)["timers"])["restarts"] == 1
+                         and t["state"] == "RUNNING" and t, 30, 0.05, "timers restarted")
+        assert again["pid"] != pids["timers"]
+        log = (Path(root) / "log" / "queuemgr.log").read_text()
+        assert f"timers: pid {pids['timers']} exited: killed by SIGKILL" in log
+    finally:
+        assert rq_mgr(root, "stop").returncode == 0
+    assert not any(pid_alive(p) for p in (*pids.values(), again["pid"]))
+    log = (Path(root) / "log" / "queuemgr.log").read_text()
+    assert "rq-timers stopped" in log and "rq-scandir stopped" in log
 
 
 def leftovers(root: str) -> list[str]:

@@ -66,6 +66,26 @@ def root(tmp_path) -> str:  # type: ignore[no-untyped-def]
         wait_for(lambda: not pid_alive(pid), what="leftover manager gone")
 
 
+def test_start_and_stop_do_not_import_the_daemon(root: str) -> None:
+    """Issue 14 section 4: `rq-mgr start` spawns `python -m rq.mgr` and `stop` signals it;
+    neither pays for the supervisor's imports itself (the suite starts and stops hundreds
+    of roots).  Only `run` (the daemon in this process) imports them."""
+    probe = ("import atexit, sys\n"
+             "atexit.register(lambda: print(' '.join(sorted(sys.modules)), file=sys.stderr))\n"
+             "from rq.mgr.cli import main\nsys.exit(main())\n")
+    daemon_side = {"rq.mgr.daemon", "rq.mgr.supervisor", "rq.mgr.commands", "rq.fsops",
+                   "rq.sockserve", "rq.events"}
+    for command in ("start", "stop"):
+        res = subprocess.run([sys.executable, "-c", probe, "--root", root, command], cwd="/",
+                             env=env_with_repo(), capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        loaded = set(res.stderr.splitlines()[-1].split())
+        assert "rq.mgr.cli" in loaded and not daemon_side & loaded, (command, loaded)
+        if command == "start":
+            assert answers(root)
+    assert pidfile.running_pid(root) is None
+
+
 # ---------------------------------------------------------------- usage and root (S21, S1.2)
 
 

@@ -313,6 +313,47 @@ def test_access_log_in_common_log_format(web_root: Path) -> None:
 # ---------------------------------------------------------------- supervision (S2.2, S2.3, S21)
 
 
+def test_app_is_built_at_the_first_request(own_root: Path) -> None:
+    """Issue 14 section 4: rq-web binds its port and is ready without Flask; the first
+    request builds the application (~0.3 s CPU a root whose dashboard nobody opens never
+    pays), once, and is answered by it like any other."""
+    Mgr(own_root)
+    wait_for(lambda: web_state(own_root, "RUNNING"), 20, what="web RUNNING")
+    built = "rq-web: application built at the first request"
+    assert any("rq-web serving on" in line for line in log_lines(own_root))
+    assert not any(built in line for line in log_lines(own_root))
+    with ThreadPoolExecutor(4) as pool:  # first requests together: one build, all answered
+        assert list(pool.map(lambda _: get(own_root, "/q.txt")[0], range(4))) == [200] * 4
+    status, _, body = get(own_root, "/")
+    assert status == 200 and b"test" in body
+    assert sum(built in line for line in log_lines(own_root)) == 1
+
+
+def test_an_app_that_cannot_be_built_is_a_crash_of_the_web() -> None:
+    """As when it was built at start: the request gets a 500, the failure goes to the log
+    and the daemon is told to exit 1 (BACKOFF at the manager, S2.3)."""
+    from rq.web.__main__ import LazyApp
+
+    def broken() -> Any:
+        raise RuntimeError("no templates")
+    crashes: list[int] = []
+    app = LazyApp(broken)
+    app.on_broken = lambda: crashes.append(1)
+    started: list[str] = []
+    body = app({}, lambda status, headers: started.append(status))
+    assert started == ["500 Internal Server Error"] and crashes == [1]
+    assert b"cannot build the application" in b"".join(body)
+
+    def hello(environ: dict, start_response: Any) -> list[bytes]:
+        start_response("200 OK", [])
+        return [b"hello"]
+    builds: list[int] = []
+    app = LazyApp(lambda: builds.append(1) or hello)
+    for _ in range(3):
+        assert app({}, lambda status, headers: started.append(status)) == [b"hello"]
+    assert builds == [1] and started[1:] == ["200 OK"] * 3
+
+
 def test_listen_failure_fails_start(own_root: Path) -> None:
     """S2.2 step 4, S21: port taken -> `rq-mgr start` exits 1 with the exact line, and
     the manager leaves neither its pid file nor its socket behind."""

@@ -4,7 +4,9 @@ supervises.
 
 Owns: binding `addr:port` (before `ready` is written, so the manager's start
 returns only once the dashboard answers), serving `create_app(root)` with
-waitress, and the child side of supervision: `ready` / `fatal ERROR: cannot
+waitress, built at the first request (LazyApp: Flask and the app cost ~0.3 s CPU, which a
+root whose dashboard nobody opens never pays; issue 14 section 4), and the child side of
+supervision: `ready` / `fatal ERROR: cannot
 listen on <addr>:<port>: <reason>` (exit 2) on the ready pipe, stop on
 SIGTERM/SIGINT or on EOF of the lifeline (the manager died, S2.1 fix).
 rq.daemon does the program edge: the process title `[rq-web]`, logging to
@@ -24,6 +26,7 @@ from rq.web.wsgi.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import os
@@ -31,6 +34,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from waitress.server import BaseWSGIServer
@@ -61,13 +65,16 @@ def serve(ctx: Context) -> int:
         raise StartError(f"cannot listen on {config.addr}:{config.port}: "
                          f"{exc.strerror or exc}") from exc
     warn_if_exposed(config)
+    app = LazyApp(functools.partial(build_app, ctx.root, config, ctx.args.long_requests))
     try:
-        server = make_server(ctx.root, config, sock, ctx.args.threads, ctx.args.long_requests)
-    except Exception:  # a broken app is a crash: BACKOFF and retry, not FATAL
-        log.exception("rq-web cannot build the application")
+        server = make_server(app, config, sock, ctx.args.threads, ctx.args.long_requests)
+    except Exception:  # a server we cannot build is a crash: BACKOFF and retry, not FATAL
+        log.exception("rq-web cannot build the server")
         sock.close()
         return 1
-    return WebDaemon(server, ctx.lifeline_fd, ctx.ready).run()
+    web = WebDaemon(server, ctx.lifeline_fd, ctx.ready)
+    app.on_broken = web.broke
+    return web.run()
 
 
 SPEC = DaemonSpec(prog="python -m rq.web", logger="rq.web", role="rq-web", title="[rq-web]",
@@ -125,12 +132,45 @@ def listen_socket(addr: str, port: int) -> socket.socket:
     return sock
 
 
-def make_server(root: str, config: MainConfig, sock: socket.socket,
+class LazyApp:
+    """The WSGI application, built by the first request that needs it (the others wait for
+    it).  A broken application is a crash, as it was when it was built at start: that
+    request gets a 500, the failure is logged and `on_broken` tells the daemon to exit 1
+    (BACKOFF and retry at the manager, S2.3)."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self.build = build
+        self.on_broken: Callable[[], None] = lambda: None
+        self.app: Any = None
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        app = self.app
+        if app is None:
+            with self.lock:
+                if self.app is None:
+                    try:
+                        self.app = self.build()
+                        log.info("rq-web: application built at the first request")
+                    except Exception:
+                        log.exception("rq-web cannot build the application")
+                        self.on_broken()
+                        start_response("500 Internal Server Error",
+                                       [("Content-Type", "text/plain; charset=utf-8")])
+                        return [b"rq-web cannot build the application\n"]
+                app = self.app
+        return app(environ, start_response)
+
+
+def build_app(root: str, config: MainConfig, long_slots: int) -> Any:
+    from .app import create_app
+    return create_app(root, main=config, overrides={"RQ_LONG_SLOTS": long_slots})
+
+
+def make_server(app: Any, config: MainConfig, sock: socket.socket,
                 threads: int, long_slots: int = LONG_SLOTS) -> BaseWSGIServer:
     """`threads` workers for short requests and `long_slots` more for streams and
     long polls, which never hold more (web.limits, S14.1)."""
-    from . import create_app
-    app = create_app(root, main=config, overrides={"RQ_LONG_SLOTS": long_slots})
     server: Any = guarded_server(
         app, sock, CONNECTION_LIMIT, threads=threads + long_slots,
         # S14.5 reads X-Forwarded-Proto itself: waitress must pass it through.
@@ -159,6 +199,7 @@ class WebDaemon:
         self.loop = Loop((*STOP_SIGNALS, signal.SIGHUP, signal.SIGUSR1))
         self.stopping = False
         self.server_done = threading.Event()
+        self.broken = threading.Event()  # LazyApp could not build the app
 
     def run(self) -> int:
         if self.lifeline_fd is not None:
@@ -168,9 +209,12 @@ class WebDaemon:
         host, port = self.server.effective_host, self.server.effective_port
         log.info("rq-web serving on %s:%s, pid %d", host, port, os.getpid())
         self.ready.send("ready")
-        while not self.stopping and not self.server_done.is_set():
+        while not self.stopping and not self.server_done.is_set() and not self.broken.is_set():
             for sig in self.loop.wait(None):
                 self.handle_signal(sig)
+        if self.broken.is_set() and not self.stopping:  # a crash: supervision restarts us
+            self.shutdown()
+            return 1
         if not self.stopping:  # the server loop ended by itself: let supervision restart us
             log.error("rq-web server loop ended unexpectedly")
             return 1
@@ -186,6 +230,11 @@ class WebDaemon:
         finally:
             self.server_done.set()
             self.loop.wake()
+
+    def broke(self) -> None:
+        """From a worker thread: the app could not be built (LazyApp)."""
+        self.broken.set()
+        self.loop.wake()
 
     def handle_signal(self, sig: int) -> None:
         if sig in STOP_SIGNALS:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 
-from flask import Flask, current_app
-
-from .errors import fail
+TYPE_CHECKING = False  # Flask is imported at the first request (web.__main__.LazyApp)
+if TYPE_CHECKING:
+    from flask import Flask
 
 LONG_SLOTS = 64     # app.config["RQ_LONG_SLOTS"] (rq-web --long-requests) overrides it
 RETRY_AFTER = 5     # seconds, in the 503 of a request that found no slot
@@ -53,6 +53,9 @@ def install(app: Flask) -> None:
 def take_long_slot() -> Callable[[], None]:
     """A slot for this request, or 503 with Retry-After; returns the function that
     gives it back (calling it again does nothing)."""
+    from flask import current_app
+
+    from .errors import fail
     slots: LongSlots = current_app.extensions["rq_long_slots"]
     if not slots.take():
         fail(503, BUSY, {"Retry-After": str(RETRY_AFTER)})

@@ -6,6 +6,10 @@ ready line, and the forceful stop when a manager will not exit.  The grammar
 is six words, so it is parsed by hand rather than with click: click's own
 usage errors and exit status 2 would break S21's texts.
 
+Only `run` imports the daemon (rq.mgr.daemon: the supervisor and everything it serves):
+`start` spawns `python -m rq.mgr`, and `stop` signals it, without paying for those imports
+twice per start and stop of a root (issue 14 section 4).
+
 `start` checks the config and the pid file itself first, so the common
 failures are reported with their exact text without spawning anything; the
 daemon repeats both checks (another `start` may race us) and reports what it
@@ -20,14 +24,10 @@ import signal
 import sys
 import time
 
-import psutil
-
-from rq.client import mgr_socket
-from rq.config import find_root, load_main_config
 from rq.errors import ConfigError, RQError
 from rq.mgr import pidfile, queuedirs
-from rq.mgr.daemon import run_daemon
 from rq.proc import kill_process, signal_group, spawn_detached
+from rq.root import find_root
 
 USAGE = "usage: rq-mgr [--root PATH] start|stop|restart|reload|run|status"
 COMMANDS = ("start", "stop", "restart", "reload", "run", "status")
@@ -101,12 +101,14 @@ def cmd_stop(root: str, ontop: bool) -> int:
 
 
 def cmd_run(root: str, ontop: bool) -> int:
+    from rq.mgr.daemon import run_daemon
     return run_daemon(root, stderr_log=True)
 
 
 def cmd_start(root: str, ontop: bool) -> int:
     if ontop:
         return cmd_run(root, ontop)
+    from rq.config import load_main_config
     try:
         load_main_config(root)
     except ConfigError as exc:
@@ -216,6 +218,9 @@ def wait_gone(pid: int, timeout: float) -> bool:
 
 def force_kill(root: str, pid: int) -> None:
     """SIGKILL the manager, its daemons and every recorded job process group."""
+    import psutil
+
+    from rq.client import mgr_socket
     try:
         daemons = [p.pid for p in psutil.Process(pid).children()]
     except psutil.Error:

@@ -17,7 +17,10 @@ import os
 import psutil
 
 from rq.errors import RQError
-from rq.fsops import FsOps
+
+TYPE_CHECKING = False  # rq.fsops is not imported at run time: `rq-mgr start|stop` need no seam
+if TYPE_CHECKING:
+    from rq.fsops import FsOps
 
 log = logging.getLogger(__name__)
 

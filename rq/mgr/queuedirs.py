@@ -19,8 +19,11 @@ from rq import proc
 from rq.client import queue_socket_problem
 from rq.config import load_queue_config
 from rq.errors import ConfigError
-from rq.fsops import FsOps
 from rq.protocol import valid_queue_name
+
+TYPE_CHECKING = False  # rq.fsops is not imported at run time: `rq-mgr start|stop` need no seam
+if TYPE_CHECKING:
+    from rq.fsops import FsOps
 
 log = logging.getLogger(__name__)
 STATE_DIRS = ("prep", "que", "run", "done", "relayed", "err")

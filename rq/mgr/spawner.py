@@ -1,14 +1,18 @@
-"""How the manager starts its children (issue 17): queue processes through the fork server.
+"""How the manager starts its children (issue 17): queue processes, timers and scandir
+through the fork server.
 
-Owns: the queue fork server (`python -m rq.queue.forkserver`, rq.queue.forkserver): starting
-it beside the manager, the request that has it fork one queue process (the argv after
-`python -m rq.queue`, and the lifeline and ready pipe ends as SCM_RIGHTS), and falling back
-to `proc.spawn_daemon` (a fresh interpreter, as before) for everything else: the services, a
-queue whose argv is not the default one (tests run other programs), and every queue once the
-fork server is unusable (it could not start, answered nonsense or died: one warning, then
-spawns as before; a failed fork it reports is a failed spawn, S2.3 backoff, like an OSError
-of Popen).  rq-mgr must be a child subreaper for forked queue processes to be its children
-(rq.proc.become_subreaper): where it cannot be one, no fork server is started.
+Owns: the fork server (`python -m rq.forkserver`, rq.queue.forkserver's server): starting
+it beside the manager, the request that has it fork one process (its program, one of
+FORKED: `rq.queue`, `rq.timers`, `rq.scandir`; the argv after `python -m PROGRAM`; and the
+lifeline and ready pipe ends as SCM_RIGHTS), and falling back to `proc.spawn_daemon` (a
+fresh interpreter, as before) for everything else: the web server, a child whose argv is
+not the default one (tests run other programs), and every child once the fork server is
+unusable (it could not start, answered nonsense or died: one warning, then spawns as
+before; a failed fork it reports is a failed spawn, S2.3 backoff, like an OSError of
+Popen).  The timers and scandir daemons came from fresh interpreters until issue 14
+section 4: ~0.3 s CPU at every start of a root.  rq-mgr must be a child subreaper for
+forked processes to be its children (rq.proc.become_subreaper): where it cannot be one, no
+fork server is started.
 
 The supervisor sees the same `proc.Daemon` either way, so supervision (S2) is unchanged.
 """
@@ -31,6 +35,7 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT = 30.0  # the server's imports, on a loaded machine
 REPLY_TIMEOUT = 30.0  # for a whole window, on a loaded machine
 WINDOW = 64
+FORKED = ("rq.queue", "rq.timers", "rq.scandir")  # the programs the fork server runs
 PIPE_ERRORS = (errno.EMFILE, errno.ENFILE)  # os.pipe() failing: that spawn fails, not all
 
 
@@ -38,6 +43,7 @@ class Spawner:
     def __init__(self, root: str, env: dict[str, str]) -> None:
         self.root, self.env = root, env
         self.queue_argv = proc.python_argv("rq.queue")
+        self.forked_argv = {module: proc.python_argv(module) for module in FORKED}
         self.sock: socket.socket | None = None
         self.server: subprocess.Popen[bytes] | None = None
         self.ready = False
@@ -47,12 +53,13 @@ class Spawner:
         if sample_argv[:len(self.queue_argv)] != self.queue_argv:
             return
         if not proc.become_subreaper():
-            log.info("not a child subreaper here: queue processes start as fresh interpreters")
+            log.info("not a child subreaper here: queue processes, timers and scandir start "
+                     "as fresh interpreters")
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.server = subprocess.Popen(
-                [*proc.python_argv("rq.queue.forkserver"), "--sock-fd", str(theirs.fileno()),
+                [*proc.python_argv("rq.forkserver"), "--sock-fd", str(theirs.fileno()),
                  "--title", f"[rq-que-fork] {self.root}"],
                 cwd=self.root, env=self.env, stdin=subprocess.DEVNULL,
                 start_new_session=True, pass_fds=(theirs.fileno(),), close_fds=True)
@@ -71,13 +78,20 @@ class Spawner:
         for pid, code in proc.reap_orphans(known):
             log.info("reaped orphan pid %d: %s", pid, describe_exit(code))
 
+    def forked_program(self, argv: list[str]) -> tuple[str, list[str]] | None:
+        """(program, its arguments) when the fork server can run `argv`, else None."""
+        for module, prefix in self.forked_argv.items():
+            if argv[:len(prefix)] == prefix:
+                return module, argv[len(prefix):]
+        return None
+
     def spawn_many(self, argvs: list[list[str]]) -> list[proc.Daemon | OSError]:
         """Start each argv as a supervised daemon: its Daemon, or the OSError that stopped
-        it.  Queue processes go to the fork server WINDOW requests at a time, all of a
-        window in flight together (the socket's queue holds a few hundred datagrams)."""
+        it.  Queue processes, timers and scandir go to the fork server WINDOW requests at
+        a time, all of a window in flight together (the socket's queue holds a few hundred
+        datagrams)."""
         out: list[proc.Daemon | OSError | None] = [None] * len(argvs)
-        forked = [i for i, argv in enumerate(argvs) if argv[:len(self.queue_argv)] ==
-                  self.queue_argv]
+        forked = [i for i, argv in enumerate(argvs) if self.forked_program(argv)]
         for first in range(0, len(forked), WINDOW):
             self.fork_window(argvs, forked[first:first + WINDOW], out)
         return [self.spawn_direct(argv) if got is None else got
@@ -101,16 +115,18 @@ class Spawner:
         try:
             self.await_ready()
             for i in ids:
+                program = self.forked_program(argvs[i])
+                assert program is not None
                 try:
-                    ours[i] = self.send(i, argvs[i][len(self.queue_argv):])
+                    ours[i] = self.send(i, *program)
                 except OSError as exc:
                     if exc.errno is None or exc.errno not in PIPE_ERRORS:
                         raise
                     out[i] = exc
             replies = self.collect(len(ours))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("queue fork server unusable (%s): queue processes start as fresh "
-                        "interpreters from now on", exc)
+            log.warning("queue fork server unusable (%s): queue processes, timers and scandir "
+                        "start as fresh interpreters from now on", exc)
             self.close()
             replies = {}
         for i, (life_w, ready_r) in ours.items():
@@ -133,7 +149,7 @@ class Spawner:
             self.ready = True
             self.sock.settimeout(REPLY_TIMEOUT)
 
-    def send(self, rid: int, args: list[str]) -> tuple[int, int]:
+    def send(self, rid: int, module: str, args: list[str]) -> tuple[int, int]:
         """One request: new lifeline and ready pipes, the child's ends passed along (the
         message in flight holds them: ours are closed at once, so a window costs no more
         descriptors than its queues will hold anyway)."""
@@ -146,8 +162,8 @@ class Spawner:
             os.close(life_w)
             raise
         try:
-            socket.send_fds(self.sock, [json.dumps({"id": rid, "argv": args}).encode()],
-                            [life_r, ready_w])
+            request = {"id": rid, "module": module, "argv": args}
+            socket.send_fds(self.sock, [json.dumps(request).encode()], [life_r, ready_w])
         except OSError:
             for fd in (life_w, ready_r):
                 os.close(fd)

@@ -134,6 +134,7 @@ class Manager:
         self.close_ready(web)
         self.close_lifeline(web)
         self.children.clear()
+        self.spawner.close()  # gone before our ERROR line, so none of its output follows it
         if self.server is not None:
             self.server.close()  # also removes the socket file
         pidfile.remove_pid(self.root, os.getpid())

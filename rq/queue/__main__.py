@@ -74,6 +74,8 @@ def warm_up(title: str, runs: int = WARM_RUNS) -> None:
     they run) as they were."""
     from dataclasses import replace
 
+    from rq import cron  # noqa: F401 - loaded only by a queue with a schedule: shared here
+
     from rq.store import STATES
 
     def serve_warm(ctx: Context) -> int:

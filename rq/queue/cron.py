@@ -7,7 +7,8 @@ BEFORE the message is created, so a crash can skip a slot but never fire it
 twice; the message's id is recorded afterwards.  Runs in the queue's loop
 thread with the queue's lock held; the messages are created through the
 enqueue path, as `create_message` does (so a due message on an UP queue
-starts at once).
+starts at once).  rq.cron (croniter, zoneinfo: ~60 ms CPU) is imported only by a queue with
+a schedule or a tracking state (issue 14 section 4); the fork server preloads it.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from rq import cron, message
+from rq import message
 from rq.errors import Fail
 from rq.queue.state import QueueState
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from rq import cron
 
 log = logging.getLogger(__name__)
 STATE_FILE = "cron.state.json"
@@ -44,6 +49,7 @@ class Cron:
         if not q.cfg.schedule and not self.state:  # the common case: no schedule at all
             self.wake_at = None
             return
+        from rq import cron
         entries = [cron.Entry.from_config(e) for e in q.cfg.schedule]
         active = not q.stopping and q.admin_status() == "UP"  # UP or SCRIPTERROR (S3.5)
         decided = cron.plan(q.name, entries, self.state, active, now)
@@ -92,6 +98,7 @@ class Cron:
         if self.state == self.on_disk:
             return True
         try:
+            from rq import cron
             self.queue.fs.write_file_atomic(self.path, cron.dump_state(self.state), sync=True)
         except OSError as exc:
             log.error("cannot write %s: %s", STATE_FILE, exc)
@@ -111,4 +118,5 @@ def load_state(path: str) -> dict[str, cron.Track]:
     except (OSError, ValueError) as exc:
         log.warning("ignoring unreadable %s: %s", STATE_FILE, exc)
         return {}
+    from rq import cron
     return cron.parse_state(data)

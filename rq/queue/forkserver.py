@@ -1,12 +1,16 @@
 """The queue fork server (issue 17): queue processes forked from one preloaded parent.
 
-`python -m rq.queue.forkserver --sock-fd F`, started by rq-mgr (rq.mgr.spawner) with one end
-of a socket pair.  Once, it imports what a queue process runs and runs a few throw-away queues
-(rq.queue.__main__.warm_up); then, for each request on the socket (`{"id": I, "argv": [...]}`
-plus the lifeline read end and the ready write end as SCM_RIGHTS), it forks and answers
-`{"id": I, "pid": N}` or `{"id": I, "error": TEXT}`.  The forked process does what
-`python -m rq.queue ARGV --lifeline-fd L --ready-fd R` does, from `rq.queue.__main__.main`
-on: a program you can still run by hand that way (STYLE habit 8); only its start is cheaper.
+`python -m rq.queue.forkserver --sock-fd F`, or rq.forkserver, which rq-mgr starts
+(rq.mgr.spawner) with one end of a socket pair.  Once, it imports what a queue process runs
+and runs a few throw-away queues (rq.queue.__main__.warm_up); then, for each request on the
+socket (`{"id": I, "module": M, "argv": [...]}` plus the lifeline read end and the ready
+write end as SCM_RIGHTS), it forks and answers `{"id": I, "pid": N}` or `{"id": I, "error": TEXT}`.
+The forked process does what `python -m M ARGV --lifeline-fd L --ready-fd R` does, from
+`M.__main__.main` on, for M one of the programs the server was given (`rq.queue` when the
+request names none): a program you can still run by hand that way (STYLE habit 8); only
+its start is cheaper.  Run as `python -m rq.queue.forkserver` it forks queue processes
+only; rq.forkserver adds the timers and scandir daemons (which this package must not
+import, docs/DESIGN.md).
 
 Why fork, here only: a fresh interpreter costs each queue process ~0.3 s CPU of imports and
 ~14 MiB of private memory; a fork shares the imported code, module objects and specialised
@@ -38,6 +42,8 @@ import select
 import socket
 import sys
 import threading
+from collections.abc import Mapping
+from types import ModuleType
 
 import setproctitle
 
@@ -45,10 +51,15 @@ import rq.queue.__main__ as queue_main
 from rq import proc
 
 MAX_REQUEST = 65536
+# A program: the module run with `python -m` -> its entry module (with `main(argv)`),
+# imported before the server forks anything.
+Programs = Mapping[str, ModuleType]
+QUEUE_ONLY: Programs = {"rq.queue": queue_main}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rq.queue.forkserver")
+def main(argv: list[str] | None = None, programs: Programs = QUEUE_ONLY,
+         prog: str = "python -m rq.queue.forkserver") -> int:
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--sock-fd", type=int, required=True)
     parser.add_argument("--title", default="[rq-que-fork]")
     args = parser.parse_args(argv)
@@ -57,15 +68,21 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(fileno=args.sock_fd)
     queue_main.warm_up(args.title)  # imports and runs what every queue process runs
     gc.disable()  # enabled again in each queue process (gc.freeze() docs)
-    sock.sendall(b'{"ready": true}')
-    queue = Server(sock).serve()
-    if queue is None:
+    try:
+        sock.sendall(b'{"ready": true}')
+    except OSError:  # rq-mgr is gone already (a start that failed): nothing to serve
+        return 0
+    forked = Server(sock, programs).serve()
+    if forked is None:
         return 0
     gc.enable()
-    queue_argv, queue_args = queue
-    sys.argv = [queue_main.__file__, *queue_argv]
-    code = queue_main.main(queue_argv, queue_args)
-    # The queue has stopped and closed what it owns.  A normal interpreter exit would now
+    program, child_argv = forked
+    sys.argv = [program.__file__ or program.__name__, *child_argv]
+    if program is queue_main:  # the command line rq-mgr sends, parsed without argparse
+        code = queue_main.main(child_argv, quick_parse(child_argv))
+    else:
+        code = program.main(child_argv)
+    # The daemon has stopped and closed what it owns.  A normal interpreter exit would now
     # free every module object, writing to (and so copying) each page shared with this
     # server: most of `rq-mgr stop`'s time with a thousand queues.  Flush and go.
     logging.shutdown()
@@ -84,14 +101,15 @@ class Server:
     `select.poll` object, not a selector: it holds no descriptor that a forked queue
     process could later close by mistake."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, programs: Programs = QUEUE_ONLY) -> None:
         self.sock = sock
+        self.programs = programs
         self.poll = select.poll()
         self.poll.register(sock, select.POLLIN)
         self.middles: dict[int, tuple[list[object], int]] = {}  # pipe -> (ids, middle pid)
 
-    def serve(self) -> tuple[list[str], argparse.Namespace | None] | None:
-        """Answer requests until EOF (None); in a forked queue process, its argv, parsed."""
+    def serve(self) -> tuple[ModuleType, list[str]] | None:
+        """Answer requests until EOF (None); in a forked process, its program and argv."""
         while True:
             for fd, _ in self.poll.poll():
                 if fd in self.middles:
@@ -100,14 +118,14 @@ class Server:
                 batch = self.read_batch()
                 if batch is None:
                     return None
-                queue = self.start(batch)
-                if queue is not None:
-                    return queue  # the queue process: run it
+                forked = self.start(batch)
+                if forked is not None:
+                    return forked  # the forked process: run it
 
-    def read_batch(self) -> list[tuple[object, list[str], list[int]]] | None:
-        """Every request waiting on the socket (at least one): [(id, argv, fds)]; None
+    def read_batch(self) -> list[tuple[object, ModuleType, list[str], list[int]]] | None:
+        """Every request waiting on the socket (at least one): [(id, program, argv, fds)]; None
         at EOF.  A bad request is answered at once and left out."""
-        batch: list[tuple[object, list[str], list[int]]] = []
+        batch: list[tuple[object, ModuleType, list[str], list[int]]] = []
         flags = 0
         while True:
             try:
@@ -123,32 +141,33 @@ class Server:
                 req = json.loads(data)
                 if len(fds) != 2:
                     raise ValueError("want two descriptors")
-                batch.append((req.get("id"), [str(a) for a in req["argv"]], fds))
+                program = self.programs[req.get("module", "rq.queue")]
+                batch.append((req.get("id"), program, [str(a) for a in req["argv"]], fds))
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 close_all(fds)
                 self.reply({"error": f"bad request: {exc}"})
 
-    def start(self, batch: list[tuple[object, list[str], list[int]]]
-              ) -> tuple[list[str], argparse.Namespace | None] | None:
+    def start(self, batch: list[tuple[object, ModuleType, list[str], list[int]]]
+              ) -> tuple[ModuleType, list[str]] | None:
         if not batch:
             return None
         argvs = [[*argv, "--lifeline-fd", str(fds[0]), "--ready-fd", str(fds[1])]
-                 for _, argv, fds in batch]
+                 for _, _, argv, fds in batch]
         try:
             gc.freeze()  # every object so far: never touched by a child's collector
-            forked = proc.fork_adopted([fds for _, _, fds in batch])
+            forked = proc.fork_adopted([fds for _, _, _, fds in batch])
         except OSError as exc:
             forked = None
-            for rid, _, _ in batch:
+            for rid, _, _, _ in batch:
                 self.reply({"id": rid, "error": f"cannot fork: {exc.strerror or exc}"})
         if isinstance(forked, int):
             self.sock.detach()  # closed by fork_adopted: never close that number again
-            return argvs[forked], quick_parse(argvs[forked])
-        for _, _, fds in batch:
+            return batch[forked][1], argvs[forked]
+        for _, _, _, fds in batch:
             close_all(fds)
         if forked is not None:
             middle, pipe_r = forked
-            self.middles[pipe_r] = ([rid for rid, _, _ in batch], middle)
+            self.middles[pipe_r] = ([rid for rid, _, _, _ in batch], middle)
             self.poll.register(pipe_r, select.POLLIN)
         return None
 
