@@ -126,7 +126,7 @@ def default_conf(master: str, tmpdir: str) -> dict[str, str]:
 # ---------------------------------------------------------------- class data sharing
 # Starting the driver JVM loads many thousands of classes from Spark's jars; a dynamic CDS
 # archive of them (Java 13+: -XX:ArchiveClassesAtExit on one run, -XX:SharedArchiveFile afterwards)
-# halves the CPU of a short run (docs/analytics.md).  The archive is only valid for the same
+# halves the CPU of a short run (docs/guide/analytics.md).  The archive is only valid for the same
 # JVM and the same class path, so it is named by a hash of both; Java's default -Xshare:auto
 # ignores an archive that does not match or cannot be mapped (a warning in the JVM's log) and
 # runs without it.  The class path's first entry is SPARK_CONF_DIR: CDS requires a stable,
