@@ -134,6 +134,7 @@ def default_conf(master: str, tmpdir: str) -> dict[str, str]:
 CDS_ENV = "RQ_ANALYTICS_CDS"  # "0": no archive is used or written
 CDS_OPTIONS = ("-Xshare", "SharedArchiveFile", "ArchiveClassesAtExit")
 STALE_TMP = 24 * 3600
+KEEP_ARCHIVES = 3  # the most recently used; older ones (other Java or pyspark) are removed
 
 
 def cds_dir(env: Mapping[str, str]) -> str | None:
@@ -176,6 +177,10 @@ def cds_options(directory: str, key: str, user_options: str) -> tuple[str, str |
         return "", None
     archive = os.path.join(directory, key + ".jsa")
     if os.path.exists(archive):
+        try:
+            os.utime(archive)  # its mtime is its last use (prune_archives)
+        except OSError:
+            pass
         return f"-XX:SharedArchiveFile={archive} -Xshare:auto", None
     now = time.time()
     for old in glob.glob(os.path.join(directory, "*.tmp")):  # left by killed runs
@@ -213,10 +218,26 @@ def finish_cds(tmp: str) -> None:
     try:
         if rc == 0 and os.path.getsize(tmp) > 0:
             os.replace(tmp, tmp.rsplit(".", 2)[0] + ".jsa")
+            prune_archives(os.path.dirname(tmp))
         else:
             os.unlink(tmp)
     except OSError:
         pass
+
+
+def prune_archives(directory: str) -> None:
+    """Keep the KEEP_ARCHIVES most recently used archives (a running JVM keeps its mapping)."""
+    def mtime(path: str) -> float:
+        try:
+            return os.stat(path).st_mtime
+        except OSError:
+            return 0.0
+    archives = sorted(glob.glob(os.path.join(directory, "*.jsa")), key=mtime, reverse=True)
+    for old in archives[KEEP_ARCHIVES:]:
+        try:
+            os.unlink(old)
+        except OSError:
+            pass
 
 
 def prepare_env(conf_dir: str, env: dict[str, str], loopback: bool) -> str:
