@@ -52,14 +52,15 @@ def test_archive_is_written_once_then_used_and_a_corrupt_one_is_ignored(tmp_path
     archive = cache / archives[0]
     assert archive.stat().st_size > 1 << 20
     assert list((cache / "conf").iterdir()) == []  # the class path's conf dir stays empty
-    mtime = archive.stat().st_mtime_ns
+    inode = archive.stat().st_ino  # a new archive would be renamed over it: another inode
 
     classes = tmp_path / "classes.txt"
     log = run(tmp_path, "second", jvm_opts=f"-Xlog:class+load=info:file={classes}")
     loaded = classes.read_text()
     assert "org.apache.spark.SparkContext source: shared objects file (top)" in loaded, \
         log.read_text(errors="replace")
-    assert archive.stat().st_mtime_ns == mtime  # used, not written again
+    assert archive.stat().st_ino == inode  # used, not written again
+    assert sorted(p.name for p in cache.iterdir()) == sorted(["conf", archive.name])
 
     archive.chmod(0o644)
     with open(archive, "r+b") as f:  # same name and size, garbage header and contents
