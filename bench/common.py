@@ -64,7 +64,13 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
 @contextlib.contextmanager
 def temp_base(parent: str | None = None, keep: bool = False) -> Iterator[Path]:
     """A temporary directory under `parent` (must be a real disk filesystem:
-    fsyncs must be real), removed afterwards."""
+    fsyncs must be real), removed afterwards.  A missing `parent` is made (a fresh
+    top-level directory is what bench/README.md asks for)."""
+    if parent:
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError as exc:
+            raise BenchError(f"--tmpdir {parent}: {exc.strerror or exc}") from None
     base = Path(tempfile.mkdtemp(prefix="rqbench-", dir=parent))
     try:
         yield base

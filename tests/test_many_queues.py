@@ -10,6 +10,7 @@ import signal
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -84,6 +85,9 @@ def test_fifty_queues_forked_serve_and_each_runs_a_message(root: str, tmp_path) 
     finally:
         assert rq_mgr(root, "stop").returncode == 0
     assert not any(pid_alive(p) for p in pids)
+    # a forked queue leaves without the interpreter's teardown, its log written all the same
+    log = (Path(root) / "log" / "queuemgr.log").read_text()
+    assert all(f"queue {name} stopped" in log for name in names)
 
 
 def test_forked_queue_killed_is_reaped_restarted_and_its_orphan_job_reaped(

@@ -358,3 +358,47 @@ def test_a_name_too_long_for_the_roots_socket_path_is_a_fatal_start(root: Path) 
     assert "ERROR cannot start: queue name too long for this RQ root: its socket " in res.stderr
     assert "rq.queue: queue name too long for this RQ root" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+# ================================================================ S2.6 an idle queue sleeps
+
+
+def main_thread_runs(pid: int) -> int:
+    """How many times the kernel has run the process's main thread (schedstat's third field)."""
+    with open(f"/proc/{pid}/task/{pid}/schedstat") as fh:
+        return int(fh.read().split()[2])
+
+
+def test_s2_6_an_idle_queue_sleeps_and_any_request_ends_the_sleep(root: Path, tmp_path: Path,
+                                                                  launch: Launch) -> None:
+    """Issue 17: a queue with nothing queued, running or leased skips the 5 s pass (a thousand
+    idle queues spent most of their CPU on it); a create wakes it, so a queued message on a
+    paused queue still starts within a second or two of `rm NAME.pause` (S5.1), not after
+    the idle sleep."""
+    script = tmp_path / "ok.sh"
+    script.write_text("#!/bin/sh\necho 'done ok' >&3\n")
+    script.chmod(0o755)
+    make_queue(root, "q", script)
+    q = launch("q")
+    pid = q.popen.pid
+    settled: list[int] = []
+
+    def asleep() -> bool:  # the passes after start-up and the ping are over
+        settled.append(main_thread_runs(pid))
+        return len(settled) > 1 and settled[-1] == settled[-2]
+    wait_for(asleep, 10, interval=0.3, what="the queue's loop to go to sleep")
+    before, t0 = main_thread_runs(pid), time.monotonic()
+    wait_for(lambda: time.monotonic() - t0 > 6.5, 10, interval=0.5,
+             what="a window longer than the 5 s pass")
+    assert main_thread_runs(pid) == before  # no pass in 6.5 s: the idle sleep
+
+    # Only the disk is watched from here: any other request would wake the loop itself.
+    store = Store(str(root), "q")
+    (root / "config" / "q.pause").touch()
+    msg_id = short_id(create_msg(q))
+    assert (store.locate(msg_id) or ("",))[0] == "que"
+    (root / "config" / "q.pause").unlink()
+    t1 = time.monotonic()
+    wait_for(lambda: (store.locate(msg_id) or ("",))[0] == "done", 10,
+             what="the message to run once the pause is lifted")
+    assert time.monotonic() - t1 < 4  # noticed by the 1 s re-check of due work, not at 60 s

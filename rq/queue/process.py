@@ -21,7 +21,7 @@ from typing import Any
 from rq import client, proc, protocol
 from rq.config import MainConfig, QueueConfig, load_queue_config
 from rq.errors import RQError
-from rq.fsops import FsOps
+from rq.fsops import FsOps, unlink_quiet
 from rq.loop import Loop
 from rq.queue import jobs as J
 from rq.queue.commands import INLINE_PASS, Commands
@@ -36,6 +36,7 @@ from rq.spares import Spares
 
 log = logging.getLogger(__name__)
 PASS_INTERVAL = 5.0       # S2.6: a scheduler pass at least every 5 s
+IDLE_PASS_INTERVAL = 60.0  # an idle queue (issue 17; README conformance notes)
 
 
 class QueueProcess:
@@ -60,7 +61,7 @@ class QueueProcess:
         for fd in (lifeline_fd, ready_fd):  # passed to us inheritable; jobs get none (S6.3)
             if fd is not None:
                 os.set_inheritable(fd, False)
-        self.lock_fd = -1
+        self.lock_fd, self.idle_sleep = -1, False
         self.server = Rq1Server(client.queue_socket(main.root, cfg.name), self.handle_request,
                                 batch_cmds={"create_message"}, batch_handler=self.handle_creates)
 
@@ -76,15 +77,14 @@ class QueueProcess:
             reply = self.commands.handle(cmd, arg, conn)
             return reply
         finally:
-            if cmd not in INLINE_PASS or not reply or reply[0] != "ok":
+            if self.idle_sleep or cmd not in INLINE_PASS or not reply or reply[0] != "ok":
                 self.loop.wake()
 
     def handle_creates(self, requests: list[tuple[str, str | None]]) -> list[Any]:
-        """Answer the create_message requests read in one pass together (group
-        commit, rq.queue.enqueue); like handle_request, wake the loop unless
-        every reply is an ok whose scheduler pass already ran."""
+        """Answer the create_message requests read in one pass together (group commit,
+        rq.queue.enqueue); like handle_request, wake the loop when a pass is owed."""
         replies = self.commands.create_messages([arg for _, arg in requests])
-        if not all(isinstance(r, list) and r and r[0] == "ok" for r in replies):
+        if self.idle_sleep or not all(isinstance(r, list) and r and r[0] == "ok" for r in replies):
             self.loop.wake()
         return replies
 
@@ -123,7 +123,8 @@ class QueueProcess:
             self.begin_stop()
         self.spawn_pending()
         with self.state.lock:
-            self.state.prepare_buckets(time.time(), time.monotonic())
+            if self.state.jobs or not self.idle_sleep:  # after an idle sleep: for jobs only
+                self.state.prepare_buckets(time.time(), time.monotonic())
             ended = self.reap()
             self.check_deadlines(time.monotonic())
             self.cron.run_pass(time.time() if now is None else now)  # S9.3, any mode
@@ -145,9 +146,12 @@ class QueueProcess:
         with self.state.lock:
             wakes = [self.state.next_wake(now, mono), self.leases.next_deadline(),
                      self.cron.wake_at]  # lease expiry (S8.3), next cron slot − 60 s (S9.3)
-            timeout = min([PASS_INTERVAL] + [max(0.0, at - now) + 0.001
-                                             for at in wakes if at is not None])
-            for at in [*(at for at, _ in self.group_kills), self.stop_kill_at]:
+            self.idle_sleep = self.state.idle() and not (  # a create must wake it
+                self.leases.active or self.leases.waiting or self.group_kills)
+            cap = IDLE_PASS_INTERVAL if self.idle_sleep else PASS_INTERVAL
+            timeout = min([cap] + [max(0.0, at - now) + 0.001 for at in wakes if at is not None])
+            for at in [*(at for at, _ in self.group_kills), self.stop_kill_at,
+                       self.state.next_count_refresh]:  # the re-count from disk (S7.3)
                 if at is not None:
                     timeout = min(timeout, max(0.0, at - mono))
             if self.state.stopping and self.group_kills:
@@ -179,10 +183,7 @@ class QueueProcess:
                                   f"{os.getpid()}\n".encode(), sync=False)
 
     def remove_pid_file(self) -> None:
-        try:
-            os.unlink(os.path.join(self.state.store.qdir, "queue.pid"))
-        except FileNotFoundError:
-            pass
+        unlink_quiet(os.path.join(self.state.store.qdir, "queue.pid"))
 
     def signal_ready(self, line: str) -> None:
         proc.ReadyPipe(self.ready_fd).send(line)

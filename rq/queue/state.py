@@ -109,6 +109,15 @@ class QueueState:
                 if not self.start_job(item):
                     return
 
+    def idle(self) -> bool:
+        """Nothing a pass could act on here: no message queued, no job, no unfinished
+        end, no stop, no SCRIPTERROR to re-check (with the process's own leases, kills:
+        QueueProcess.next_timeout).  Every event that can change that wakes the loop by
+        itself (a request, a signal, a pipe, a timer), so an idle queue sleeps longer
+        between passes (issue 17: the 5 s pass was most of a thousand idle queues' CPU)."""
+        return not (self.jobs or self.index.que or self.to_spawn or self.unfinished
+                    or self.stopping or self.script_error)
+
     def next_wake(self, now: float, mono: float) -> float | None:
         """The epoch of this state's next need for a pass: a due message with a
         free slot (within 1 s while due work waits on a flag, a block or
