@@ -24,7 +24,8 @@ Launch = Callable[..., QueueProc]
 # worker starts one of them while the others are about to finish.
 SHARED_WORKER = {
     **{name: "spark" for name in (
-        "test_analytics_cluster.py", "test_analytics_e2e.py", "test_analytics_incremental.py",
+        "test_analytics_cds.py", "test_analytics_cluster.py", "test_analytics_e2e.py",
+        "test_analytics_incremental.py",
         "test_analytics_transform.py")},
     **{name: "chromium" for name in (
         "test_browser.py", "test_browser_stats.py", "test_web_xss.py")}}

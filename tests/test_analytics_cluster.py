@@ -4,6 +4,11 @@ Both daemons are started on loopback from the pyspark installation with `spark-d
 (its sbin/ has no start-master.sh), the job runs as `rq analytics --master spark://127.0.0.1:PORT`
 and its result must equal a `local[2]` run's over the same event-log history (S13).  Skips, saying
 so, only when Java is absent.
+
+The local run comes first, before the cluster starts: the driver's class-data-sharing archive
+(rq/analytics/session.py) then exists (that run writes it into an empty cache), and the master,
+worker and executor JVMs, which `rq analytics` does not start, map it too (test-only options,
+`-Xshare:auto`: a missing or mismatching archive is ignored) and start with about half the CPU.
 """
 
 from __future__ import annotations
@@ -89,20 +94,47 @@ def write_history(tree: Path) -> int:
     return n
 
 
+def driver_archive() -> tuple[str, Path | None]:
+    """JVM options that map the driver's CDS archive, and the stable empty conf dir its class
+    path starts with (the cluster's JVMs need the same class path); nothing with CDS off."""
+    from rq.analytics import session
+    cache = session.cds_dir(os.environ)
+    if cache is None:
+        return "", None
+    key = session.cds_key(session.check_java(os.environ), os.environ)
+    return f"-XX:SharedArchiveFile={cache}/{key}.jsa -Xshare:auto", Path(cache, "conf")
+
+
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[str]:
-    """A standalone master and one worker (2 cores, 2 GiB) on 127.0.0.1; yields the master URL."""
+def local_run(tmp_path: Path) -> dict[str, Any]:
+    """The history, a root and the `local[2]` full recompute (the reference), made before the
+    cluster starts."""
+    root = make_root(tmp_path)
+    data = tmp_path / "history"
+    events = write_history(data)
+    result = run_job(root, data, tmp_path / "out-local", "local[2]", *JOB_CONF, full=True)
+    return {"root": root, "data": data, "events": events, "result": result}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, local_run: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """A standalone master and one worker (2 cores, 2 GiB) on 127.0.0.1; yields the master URL
+    and the executors' JVM options."""
     import pyspark
     home = Path(pyspark.__file__).parent
     daemon = home / "sbin" / "spark-daemon.sh"
     assert daemon.exists(), f"{daemon} missing from the pyspark installation"
-    conf_dir = tmp_path / "spark-conf"
-    conf_dir.mkdir()
-    (conf_dir / "log4j2.properties").write_text("rootLogger.level = error\n")
+    log4j = tmp_path / "log4j2.properties"
+    log4j.write_text("rootLogger.level = error\n")
+    cds, conf_dir = driver_archive()
+    if conf_dir is None:
+        conf_dir = tmp_path / "spark-conf"
+        conf_dir.mkdir()
+    jvm_opts = f"{JVM_OPTS} {cds} -Dlog4j2.configurationFile=file:{log4j}"
     env = dict(os.environ, SPARK_HOME=str(home), SPARK_CONF_DIR=str(conf_dir),
                SPARK_LOG_DIR=str(tmp_path / "spark-logs"), SPARK_PID_DIR=str(tmp_path / "pids"),
                SPARK_WORKER_DIR=str(tmp_path / "work"), SPARK_LOCAL_IP="127.0.0.1",
-               SPARK_IDENT_STRING=f"rqtest{os.getpid()}", SPARK_DAEMON_JAVA_OPTS=JVM_OPTS)
+               SPARK_IDENT_STRING=f"rqtest{os.getpid()}", SPARK_DAEMON_JAVA_OPTS=jvm_opts)
     port, ui, worker_ui = free_port(), free_port(), free_port()
     url = f"spark://127.0.0.1:{port}"
 
@@ -128,7 +160,7 @@ def cluster(tmp_path: Path) -> Iterator[str]:
         wait_for(lambda: any(w.get("state") == "ALIVE"
                              for w in (master_json() or {}).get("workers", [])), 120, 0.5,
                  what="the Spark worker to register")
-        yield url
+        yield url, jvm_opts
         apps = (master_json() or {}).get("completedapps", [])
         assert any(a.get("name") == "rq-analytics" for a in apps), apps  # it really ran there
     finally:
@@ -163,17 +195,19 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def test_standalone_cluster_result_equals_local_run(tmp_path: Path, cluster: str) -> None:
+def test_standalone_cluster_result_equals_local_run(tmp_path: Path, local_run: dict[str, Any],
+                                                    cluster: tuple[str, str]) -> None:
     """Issue 19: the cluster compacts the finished days (first run) and then reads them back
     (second run); both equal a local full recompute from the raw event log."""
-    root = make_root(tmp_path)
-    data = tmp_path / "history"
-    events = write_history(data)
-    local = run_job(root, data, tmp_path / "out-local", "local[2]", *JOB_CONF, full=True)
-    cluster_conf = (*JOB_CONF, "spark.executor.memory=1g", "spark.cores.max=2")
-    remote = run_job(root, data, tmp_path / "out-cluster", cluster, *cluster_conf)
-    again = run_job(root, data, tmp_path / "out-cluster", cluster, *cluster_conf)
-    assert remote["summary"]["master"] == cluster
+    root, data, events = local_run["root"], local_run["data"], local_run["events"]
+    local = local_run["result"]
+    master, executor_opts = cluster
+    cluster_conf = (*(c for c in JOB_CONF if not c.startswith("spark.executor.")),
+                    f"spark.executor.extraJavaOptions={executor_opts}",
+                    "spark.executor.memory=1g", "spark.cores.max=2")
+    remote = run_job(root, data, tmp_path / "out-cluster", master, *cluster_conf)
+    again = run_job(root, data, tmp_path / "out-cluster", master, *cluster_conf)
+    assert remote["summary"]["master"] == master
     assert local["summary"]["compaction"]["mode"] == "full"
     assert remote["summary"]["compaction"]["days_compacted_now"] == 2
     assert again["summary"]["compaction"]["days_compacted_now"] == 0

@@ -4,8 +4,10 @@ A three-day event log (S13) with messages that span midnight, resends, lease exp
 corrupt lines (S13.4) and lines out of ts order is analysed twice on one input: incrementally
 (finished days compacted into Parquet, today's raw lines on top) and with `--full`; every result
 file must be equal field by field.  Then a late write lands in a compacted day, which must be
-compacted again, not read stale.  One `local[1]` SparkSession serves the module; without Java the
-Spark tests skip with that reason.
+compacted again, not read stale.  One `local[1]` SparkSession serves the module, and the first
+incremental run over a copy of the history is made once (`first_run`): the tests that start from
+it restore that copy, output included, before they go on.  Without Java the Spark tests skip with
+that reason.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import random
 import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -139,17 +142,46 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tree
 
 
+@dataclass
+class FirstRun:
+    """A copy of `history` at `tree` after one incremental run into `tree/analytics`."""
+    tree: Path
+    out: Path
+    result: dict[str, Any]
+    pristine: Path
+
+    def restore(self) -> None:
+        """Put the tree and its output back as the first run left them (same paths, so the
+        manifest's events key and the files' sizes, mtimes and hashes still match)."""
+        shutil.rmtree(self.tree)
+        shutil.copytree(self.pristine, self.tree, symlinks=True)
+
+
+@pytest.fixture(scope="module")
+def first_run(spark: Any, history: Path, tmp_path_factory: pytest.TempPathFactory
+              ) -> FirstRun:
+    """The first incremental run over the history, made once for the tests that start from
+    it (each restores the copy before using it)."""
+    base = tmp_path_factory.mktemp("first")
+    tree = base / "root"
+    shutil.copytree(history, tree)
+    out = tree / "analytics"
+    result = analyse(spark, tree, out, full=False)
+    shutil.copytree(tree, base / "pristine", symlinks=True)
+    return FirstRun(tree, out, result, base / "pristine")
+
+
 @needs_spark
-def test_incremental_equals_full_and_compacts_finished_days(spark: Any, history: Path,
-                                                            tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    first = analyse(spark, history, out, full=False)
+def test_incremental_equals_full_and_compacts_finished_days(spark: Any,
+                                                            first_run: FirstRun) -> None:
+    first_run.restore()
+    tree, out, first = first_run.tree, first_run.out, first_run.result
     comp = first["summary"]["compaction"]
     assert comp["days_compacted_now"] == 2 and comp["raw_files"] == 2  # today's a and b
-    again = analyse(spark, history, out, full=False)  # now read back from Parquet
+    again = analyse(spark, tree, out, full=False)  # now read back from Parquet
     assert again["summary"]["compaction"]["days_compacted_now"] == 0
     assert again["summary"]["compaction"]["days_read"] == 2
-    full = analyse(spark, history, out, full=True)
+    full = analyse(spark, tree, out, full=True)
     assert_same(first, full)
     assert_same(again, full)
     lines = full["summary"]["lines"]["skipped_by_reason"]
@@ -168,11 +200,9 @@ def test_since_until_on_both_paths(spark: Any, history: Path, tmp_path: Path) ->
 
 
 @needs_spark
-def test_late_write_recompacts_the_day(spark: Any, history: Path, tmp_path: Path) -> None:
-    tree = tmp_path / "root"
-    shutil.copytree(history, tree)
-    out = tmp_path / "out"
-    analyse(spark, tree, out, full=False)
+def test_late_write_recompacts_the_day(spark: Any, first_run: FirstRun) -> None:
+    first_run.restore()  # after the first incremental run
+    tree, out = first_run.tree, first_run.out
     book = manifest.load_manifest(str(out))
     events_dir = str(tree / "log" / "events")
     day0 = time.strftime("%Y%m%d", time.gmtime(D0))
@@ -202,14 +232,12 @@ def test_late_write_recompacts_the_day(spark: Any, history: Path, tmp_path: Path
 
 
 @needs_spark
-def test_retention_waits_for_compaction_then_partitions_stand_in(spark: Any, history: Path,
-                                                                 tmp_path: Path) -> None:
-    tree = tmp_path / "root"
-    shutil.copytree(history, tree)
+def test_retention_waits_for_compaction_then_partitions_stand_in(spark: Any,
+                                                                 first_run: FirstRun) -> None:
+    first_run.restore()
+    tree, out, before = first_run.tree, first_run.out, first_run.result
     events_dir = tree / "log" / "events"
-    out = tree / "analytics"
     day0 = time.strftime("%Y%m%d", time.gmtime(D0))
-    before = analyse(spark, tree, out, full=False)
     # Day 1 is not compacted (its entry is dropped): retention must keep its raw files.
     book = manifest.load_manifest(str(out))
     day1 = time.strftime("%Y%m%d", time.gmtime(D0 + DAY))

@@ -143,7 +143,11 @@ def run(spark: Any, opts: Options, *, now: float | None = None) -> tuple[str, di
     uri = "file://" + work
     messages.select(*MESSAGE_COLUMNS).write.parquet(uri + "/messages")
     errors.coalesce(1).write.parquet(uri + "/errors")
-    spark.createDataFrame(hourly, HOURLY_SCHEMA).coalesce(1).write.parquet(uri + "/hourly")
+    # The hourly rows are Python data: hourly.json is written first and read back by the JVM
+    # (createDataFrame of a list would start Python worker processes for them: ~1 CPU-s a run).
+    load.write_json(os.path.join(work, "hourly.json"), hourly)
+    (spark.read.schema(HOURLY_SCHEMA).option("multiLine", "true").option("mode", "FAILFAST")
+     .json(uri + "/hourly.json").coalesce(1).write.parquet(uri + "/hourly"))
     messages.unpersist()
     errors.unpersist()
     stages["write"] = round(time.monotonic() - clock - sum(stages.values()), 3)
@@ -155,7 +159,6 @@ def run(spark: Any, opts: Options, *, now: float | None = None) -> tuple[str, di
     result["files"] = compaction.pop("files")
     result["compaction"] = compaction
     result["stages_s"] = stages
-    load.write_json(os.path.join(work, "hourly.json"), hourly)
     load.write_json(os.path.join(work, "summary.json"), result)
     final = load.publish(out, run_id)
     load.prune(out, time.time())
