@@ -11,6 +11,7 @@ acknowledges is on stable storage.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -361,7 +362,10 @@ class Commands:
                 return ["fail", "msg not in runnable state"]
             earliest = q.index.earliest_due()
             due = min(time.time(), (earliest if earliest is not None else time.time()) - 1)
-            due = round(due, 3)
+            # Whole ms, rounded down: round() could put it up to 0.5 ms in the future, and a
+            # pass within that window left the message waiting in que (S5.1: the start is
+            # synchronous with the request).
+            due = math.floor(due * 1000) / 1000
             try:
                 fields = q.store.read_msg(path)
                 fields["due"] = due
