@@ -42,7 +42,7 @@ def test_boundary_search_finds_what_the_regular_expressions_find(boundary: bytes
     real = MultipartDecoder(boundary)
     mine = multipart.Decoder(boundary)
     compared = hits = 0
-    for data in buffers(rng, boundary, 1500):
+    for data in buffers(rng, boundary, 300):
         for pos in {0, len(data), *rng.sample(range(len(data) + 1), min(12, len(data) + 1))}:
             for regex, search in ((real.preamble_re, mine.preamble_re),
                                   (real.boundary_re, mine.boundary_re)):
@@ -51,7 +51,7 @@ def test_boundary_search_finds_what_the_regular_expressions_find(boundary: bytes
                     assert found(search.search(buf, pos)) == want, (data, pos, regex.pattern)
                     compared += 1
                     hits += want is not None
-    assert compared > 5_000 and hits > compared // 20, (compared, hits)
+    assert compared > 2_000 and hits > compared // 20, (compared, hits)
 
 
 def test_the_decoder_is_werkzeugs_but_for_the_two_patterns() -> None:
