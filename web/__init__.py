@@ -23,7 +23,7 @@ from flask.sessions import SecureCookieSessionInterface
 
 from rq import __version__
 from rq.config import MainConfig, load_main_config
-from . import errors, limits, multipart, security
+from . import errors, limits, security
 from .backend import Backend
 from .queues import Counters
 from .wsgi import AccessLog, RootMiddleware
@@ -71,7 +71,6 @@ def create_app(root: str | None = None, *, main: MainConfig | None = None,
     app.json.ensure_ascii = False  # type: ignore[attr-defined]
     app.config.update(overrides or {})
     app.extensions["rq_counters"] = Counters(main.root)
-    multipart.install()  # werkzeug's form parser, without a regex compiled per upload
     errors.install(app)
     security.install(app)
     limits.install(app)
