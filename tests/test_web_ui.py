@@ -704,6 +704,41 @@ def test_flash_is_shown_and_escaped_on_pages(client: Any) -> None:
     assert not page(client, "/q/test")[1].all("ul", "flash")
 
 
+def test_error_page_shows_the_pending_flash_once(client: Any) -> None:
+    with client.session_transaction() as session:
+        session["_flashes"] = [("message", "gone <i>away</i>")]
+    body, doc = page(client, "/q/nosuchqueue", 404)
+    assert doc.one("ul", "flash").one("li").text == "gone <i>away</i>"
+    assert "gone &lt;i&gt;away&lt;/i&gt;" in body and error_text(doc) == "404 - Queue not found"
+    _, doc = page(client, "/q/nosuchqueue", 404)
+    assert not doc.all("ul", "flash") and error_text(doc) == "404 - Queue not found"
+
+
+@pytest.mark.parametrize("prefix", ["", "/therq"])
+def test_error_pages_are_the_rendered_template(mgr_root: Path, prefix: str) -> None:
+    """web.errors serves an HTML error page without a pending flash from a cut
+    rendering: it is the same page as error.html rendered for that request."""
+    from flask import render_template
+    from rq.web import create_app, errors
+    main = dataclasses.replace(load_main_config(str(mgr_root)), relative_root=prefix + "/")
+    app = create_app(main=main)
+    hostile = ['<script>alert("x")</script>', "a & b 'c' {{ 7*7 }} {% x %}", "\x00\u2028é",
+               "\x00rq-error-text\x00", "\x00rq-error-now\x00", "Queue not found"]
+    for code, text in [(404, t) for t in hostile] + [(400, "Bad"), (503, "Down"), (599, "x")]:
+        heading = errors.HEADINGS.get(code, "Error")
+        for _ in range(2):  # the page that fills the cache, then one from it
+            with app.test_request_context("/q/x", base_url=f"http://localhost{prefix}/"):
+                before = int(time.time())
+                fast = errors.error_page(code, text, heading)
+                after = int(time.time())
+                full = render_template("error.html", code=code, text=text, heading=heading)
+            now = int(re.search(r'data-now="(\d+)"', fast).group(1))
+            assert before <= now <= after
+            same = re.sub(r'data-now="\d+"', 'data-now=""', full)
+            assert re.sub(r'data-now="\d+"', 'data-now=""', fast) == same, (code, text)
+    assert f'href="{prefix}/static/rq.css"' in fast and f'data-root="{prefix}/"' in fast
+
+
 def test_pages_under_a_relative_root(mgr_root: Path) -> None:
     from rq.web import create_app
     main = dataclasses.replace(load_main_config(str(mgr_root)), relative_root="/therq/")

@@ -16,8 +16,8 @@ import posixpath
 import tempfile
 from typing import IO, Any
 
-from flask import (Blueprint, Response, flash, g, jsonify, redirect, render_template,
-                   render_template_string, request)
+from flask import (Blueprint, Response, current_app, flash, g, jsonify, redirect, render_template,
+                   request)
 from markupsafe import Markup
 from werkzeug.datastructures import FileStorage
 from werkzeug.exceptions import RequestEntityTooLarge
@@ -356,9 +356,13 @@ def message_created(name: str, reply: Any) -> Any:
         flash(f"Created message {reason}" if is_ok(reply) else f"Error creating message: {reason}")
         return redirect(back, 303)
     link = page_url("q", name, str(reason).rsplit("/", 1)[-1]) if is_ok(reply) else None
-    return render_template_string(CREATED_PAGE, name=name, reply=reply, reason=reason,
-                                  link=link, reply_json=protocol.dumps(reply),
-                                  queue_link=page_url("q", name))
+    # compiled once per app, not on every request as render_template_string would
+    page = current_app.extensions.get("rq_created_page")
+    if page is None:
+        page = current_app.extensions["rq_created_page"] = \
+            current_app.jinja_env.from_string(CREATED_PAGE)
+    return render_template(page, name=name, reply=reply, reason=reason, link=link,
+                           reply_json=protocol.dumps(reply), queue_link=page_url("q", name))
 
 
 # ---------------------------------------------------------------- uploads (route 21)
