@@ -3,10 +3,11 @@
 Owns `dumps` (compact, UTF-8 kept as text, no NaN/Infinity) and `loads` (a str or UTF-8
 bytes holding one JSON document).  Both run exactly the C encoder and scanner that
 `json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)` and
-`json.loads` run, built from the same options (bytes: UTF-8 only); only the `json` package is not imported:
-its import pulls in `re`, `enum` and `functools`, about 11 ms of CPU that every `rq` call
-from a shell paid on top of the interpreter's ~14 ms (issue 15 item 3).  A failed decode
-raises json's own JSONDecodeError (a ValueError; `_json` imports json.decoder to raise it).
+`json.loads` run, built from the same options (bytes: UTF-8 only); only the `json` package
+is not imported: its import pulls in `re`, `enum` and `functools`, about 11 ms of CPU that
+every `rq` call from a shell paid on top of the interpreter's ~14 ms (issue 15 item 3).  A
+failed decode raises json's own JSONDecodeError (a ValueError; `_json` imports json.decoder
+to raise it).
 Falls back to the json package on an interpreter without `_json`.
 """
 
@@ -51,7 +52,7 @@ except ImportError:  # pragma: no cover - every CPython builds _json
     def loads(text: str | bytes | bytearray) -> Any:
         return json.loads(text)
 else:
-    _scan = _json.make_scanner(_Context())
+    _scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # reads its attributes
 
     def dumps(obj: Any) -> str:
         """Compact plain JSON: `json.dumps(obj, separators=(",", ":"), ensure_ascii=False,

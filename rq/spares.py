@@ -1,17 +1,17 @@
 """Spare message directories made ahead of need, off the request path.
 
 Owns `queue/NAME/.spare/`: a background thread, running only while a kind is
-being refilled, keeps a few spares of each kind there: `msg-N/` holding an empty `msg` file, `job-N/` holding an empty
-`stdio.log`, and plain empty files `file-N`.  Creating an inode is the dearest
-step of a durable enqueue on ext4 (a `mkdir` plus a file create cost 0.3-1 ms
-of kernel time while the journal is busy with the previous message's fsyncs or
-recently deleted inodes are skipped, against ~20 us for a rename), so
-Store.allocate writes and fsyncs a message's msg inside a `msg` spare and then
-publishes the whole directory as `prep/ID` with one no-clobber rename (S4.1);
-a job start claims a `job` spare as `run/ID/job/` (S6.1), and the small files
-written per job (pid, proc.json, status) go through a `file` spare renamed
-over their target (as atomic as a rename from a temp file beside the target:
-same filesystem, S0.3.1).
+being refilled, keeps a few spares of each kind there: `msg-N/` holding an
+empty `msg` file, `job-N/` holding an empty `stdio.log`, and plain empty files
+`file-N`. Creating an inode is the dearest step of a durable enqueue on ext4
+(a `mkdir` plus a file create cost 0.3-1 ms of kernel time while the journal
+is busy with the previous message's fsyncs or recently deleted inodes are
+skipped, against ~20 us for a rename), so Store.allocate writes and fsyncs a
+message's msg inside a `msg` spare and then publishes the whole directory as
+`prep/ID` with one no-clobber rename (S4.1); a job start claims a `job` spare
+as `run/ID/job/` (S6.1), and the small files written per job (pid, proc.json,
+status) go through a `file` spare renamed over their target (as atomic as a
+rename from a temp file beside the target: same filesystem, S0.3.1).
 
 Files that a message no longer needs (pid and proc.json when a job ends, the
 old status a new one replaces, a lease record) are not deleted but recycled
