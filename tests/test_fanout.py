@@ -225,8 +225,12 @@ def crash_root(base: Path) -> Path:
 
 
 def mgr_pids(root: Path) -> list[int]:
+    """rq-mgr and every child it supervises: queues and services (the web holds the port a
+    restart binds again, S2.2)."""
     status = client.call_mgr(str(root), "status")[1]
-    pids = [int(c["pid"]) for c in status["queues"].values() if c.get("pid")]
+    children = [*status["queues"].values(),
+                *(c for key, c in status.items() if key != "queues" and c)]
+    pids = [int(c["pid"]) for c in children if c.get("pid")]
     return pids + [int((root / "config" / "queuemgr.pid").read_text())]
 
 
@@ -237,7 +241,7 @@ def killed_fanout(root: Path, step: str, fields: dict[str, Any]) -> None:
     pids = mgr_pids(root)
     with pytest.raises(ConnectError):
         mgr_create(root, fields)
-    for pid in pids:  # the queues stop once their lifeline (rq-mgr) is gone (S2.1)
+    for pid in pids:  # its children stop once their lifeline (rq-mgr) is gone (S2.1)
         wait_for(lambda pid=pid: process_gone(pid), 30, what=f"process {pid} to end")
 
 
