@@ -60,26 +60,20 @@ def client():
     c.close()
 
 
-def test_a_kept_alive_connection_carries_the_next_request(client):
-    server = Server(close_after_one=False)
+@pytest.mark.parametrize("close_after_one, accepts", [(False, 1), (True, 2)],
+                         ids=["kept-alive", "closed-while-idle"])
+def test_a_second_request_reuses_or_replaces_the_connection(client, close_after_one: bool,
+                                                            accepts: int) -> None:
+    """A kept-alive connection carries the next request; one the server closed while idle is
+    replaced (without the idle check, the request goes out on the closed connection and fails
+    with RemoteDisconnected)."""
+    server = Server(close_after_one)
     try:
         url = f"http://127.0.0.1:{server.port}/ping"
         assert client.get(url) == (200, b"ok")
+        if close_after_one:
+            assert server.closed.wait(10), "the server did not close the connection"
         assert client.get(url) == (200, b"ok")
-        assert server.accepts == 1
-    finally:
-        server.stop()
-
-
-def test_a_connection_the_server_closed_while_idle_is_replaced(client):
-    server = Server(close_after_one=True)
-    try:
-        url = f"http://127.0.0.1:{server.port}/ping"
-        assert client.get(url) == (200, b"ok")
-        assert server.closed.wait(10), "the server did not close the connection"
-        # Without the idle check, this request goes out on the closed connection and
-        # fails with RemoteDisconnected.
-        assert client.get(url) == (200, b"ok")
-        assert server.accepts == 2
+        assert server.accepts == accepts
     finally:
         server.stop()
