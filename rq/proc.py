@@ -281,6 +281,28 @@ def _boot_time() -> float:
     return psutil.boot_time()
 
 
+def find_job_leader(job_dir: str) -> int | None:
+    """A job started in `job_dir` that still runs, found without its pid: a session leader
+    (every job is one, S6.3) whose environment names `job_dir` as RQ_MSG_DIR (S6.2).  For a
+    recovery that finds no proc.json: its queue process was killed between the job's spawn
+    and that write (S2.7).  A job that replaced its environment is not found."""
+    want = f"RQ_MSG_DIR={job_dir}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            if os.getsid(pid) != pid:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if want in env and start_time(pid) is not None:
+            return pid
+    return None
+
+
 def alive_with_start(pid: int, start: float | None) -> bool:
     """True only if `pid` runs and started at `start` (guards against pid reuse)."""
     if not isinstance(pid, int) or pid <= 1 or start is None:

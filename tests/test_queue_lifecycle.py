@@ -168,6 +168,30 @@ def test_s2_1_manager_death_means_a_graceful_stop(root: Path, tmp_path: Path,
 
 # ================================================================ S2.7 recovery
 
+def test_s2_7_a_survivor_without_proc_json_is_found_and_stopped(
+        root: Path, tmp_path: Path, launch: Launch, driver: Path) -> None:
+    """A queue process killed between a job's spawn and its pid/proc.json writes: recovery
+    finds the job by its session and RQ_MSG_DIR and stops it before the message goes back to
+    que (else it would run twice)."""
+    make_queue(root, "q", driver, kill_grace=1)
+    q = launch("q")
+    noted, release = tmp_path / "noted", tmp_path / "release"
+    full = create_msg(q, param1=ops(["note", "SIGTERM", str(noted)], ["w", "run working\n"],
+                                    ["wait", str(release)]))
+    wait_for(lambda: q.message(full)["status"] == "run - working", 5)
+    old_pid = job_pid(root, "q", full)
+    q.kill()
+    run_dir = root / "queue" / "q" / "run" / short_id(full)
+    for name in ("pid", "proc.json"):  # the state of a kill right after the spawn
+        (run_dir / name).unlink()
+    assert not process_gone(old_pid)
+    (root / "config" / "q.pause").touch()
+    q2 = launch("q")
+    assert noted.read_text() == "SIGTERM\n"
+    assert process_gone(old_pid)
+    assert q2.message(full)["state"] == "que"
+
+
 def test_s2_7_restart_kills_the_survivor_and_runs_the_message_again(
         root: Path, tmp_path: Path, launch: Launch, driver: Path) -> None:
     make_queue(root, "q", driver, kill_grace=1)

@@ -62,6 +62,12 @@ def requeue_running(state: QueueState, msg_id: str) -> None:
     if isinstance(pid, int) and proc.alive_with_start(pid, info.get("start_time")):
         log.warning("run/%s: job pid %d survived; stopping it", msg_id, pid)
         stop_group_now(pid, state.cfg.kill_grace)
+    elif not isinstance(info, dict):  # killed between the spawn and proc.json: look for it
+        leader = proc.find_job_leader(os.path.join(path, "job"))
+        if leader is not None:
+            log.warning("run/%s: job pid %d survived (no proc.json); stopping it",
+                        msg_id, leader)
+            stop_group_now(leader, state.cfg.kill_grace)
     for leftover in ("pid", "proc.json"):
         unlink_quiet(os.path.join(path, leftover))
     try:
