@@ -351,12 +351,30 @@ def wait_file(path: Path, timeout: float = 10.0) -> str:
     return path.read_text()
 
 
+PORT_BASE, PORT_SPAN = 20000, 1500   # below Linux's ephemeral range (32768-60999)
+_next_port: list[int] = []
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing is bound to right now, from this xdist worker's
+    own block below the ephemeral range.  A port the kernel handed out (bind to 0) could be
+    taken again, before the daemon binds it, as the local port of any connection another
+    worker makes, or by another worker's free_port: "Address already in use" at start."""
     import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    block = PORT_BASE + (int(worker) if worker.isdigit() else 0) % 8 * PORT_SPAN
+    if not _next_port:
+        _next_port.append(os.getpid() % PORT_SPAN)
+    for _ in range(PORT_SPAN):
+        port = block + _next_port[0] % PORT_SPAN
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))  # no SO_REUSEADDR: a port in TIME_WAIT is skipped
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {block}..{block + PORT_SPAN - 1}")
 
 
 # ---------------------------------------------------------------- message helpers (queue tests)

@@ -3,6 +3,7 @@ the manager's supervision (S2), and host limits refused at start-up with one cle
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import resource
@@ -140,6 +141,8 @@ def test_fork_server_warm_up_runs_whole_queues_and_leaves_the_process_as_it_was(
     real = queue_main.run_daemon
     monkeypatch.setattr(queue_main, "run_daemon",
                         lambda *a: codes.append(real(*a)) or codes[-1])
+    gc.collect()  # warm_up collects: whatever earlier tests of this worker left in cycles
+    # (a socket, a Popen's pipes) would close then and look like descriptors it took away
     fds, cwd, threads = sorted(os.listdir("/proc/self/fd")), os.getcwd(), threading.active_count()
     handlers, level = list(logging.root.handlers), logging.root.level
     signals = {sig: signal.getsignal(sig) for sig in queue_main.WARM_SIGNALS}
