@@ -405,6 +405,21 @@ def watch(root: Path, *args: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 
+def interrupt(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGINT, as a user's Ctrl-C, and what the watcher printed; one that does not stop is
+    killed (never left running into the next test) and the failure says where it was."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        where = [Path(f"/proc/{proc.pid}/{name}").read_text(errors="replace").strip()
+                 for name in ("wchan", "stat")]
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"rq watch ignored SIGINT for 30 s (in {where}); "
+                             f"stdout {out!r} stderr {err!r}") from None
+
+
 def lines_of(proc: subprocess.Popen[str], n: int) -> list[str]:
     assert proc.stdout is not None
     return [proc.stdout.readline() for _ in range(n)]
@@ -421,8 +436,7 @@ def test_issue18_rq_watch_cursor_acks_what_it_printed(root: Path) -> None:
         wait_for(lambda: client.call_mgr(str(root), "cursors", {})[1][0]["position"] == 2,
                  what="the ack")
     finally:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = interrupt(proc)
     assert proc.returncode == 0, err
     assert ids  # made before the cursor: not its business
     again = send(root)
@@ -431,8 +445,7 @@ def test_issue18_rq_watch_cursor_acks_what_it_printed(root: Path) -> None:
         line = lines_of(proc, 1)[0]
         assert f"held {again[0]} - -> prep" in line
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
+        interrupt(proc)
     out = rq(root, "cursors")
     assert out.returncode == 0
     assert out.stdout.startswith("w position=") and " patterns=billing.#\n" in out.stdout

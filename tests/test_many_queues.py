@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import psutil
@@ -141,8 +142,9 @@ def test_fork_server_warm_up_runs_whole_queues_and_leaves_the_process_as_it_was(
     real = queue_main.run_daemon
     monkeypatch.setattr(queue_main, "run_daemon",
                         lambda *a: codes.append(real(*a)) or codes[-1])
-    gc.collect()  # warm_up collects: whatever earlier tests of this worker left in cycles
-    # (a socket, a Popen's pipes) would close then and look like descriptors it took away
+    with warnings.catch_warnings():  # what earlier tests of this worker left in cycles (a
+        warnings.simplefilter("ignore", ResourceWarning)  # Popen, its pipes) is theirs: it
+        gc.collect()  # would close in warm_up's collection and look like descriptors it took
     fds, cwd, threads = sorted(os.listdir("/proc/self/fd")), os.getcwd(), threading.active_count()
     handlers, level = list(logging.root.handlers), logging.root.level
     signals = {sig: signal.getsignal(sig) for sig in queue_main.WARM_SIGNALS}
