@@ -418,11 +418,12 @@ def unlink_quiet(path: str) -> None:
         pass
 
 
-def read_small(path: str) -> bytes:
-    """The whole content of the (small) file `path`: open, read to EOF, close,
-    without the buffered file object's fstat, isatty ioctl and seeks (issue
-    15: 4 system calls instead of 9 for a msg or status file).  Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def read_small(path: str, dir_fd: int | None = None) -> bytes:
+    """The whole content of the (small) file `path` (relative to the directory `dir_fd`
+    when given): open, read to EOF, close, without the buffered file object's fstat,
+    isatty ioctl and seeks (issue 15: 4 system calls instead of 9 for a msg or status
+    file).  Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         chunks = []
         while chunk := os.read(fd, 65536):

@@ -112,12 +112,11 @@ class Commands:
     def _list_que(self, limit: int) -> Any:
         out: list[dict[str, Any]] = []
         with self.state.lock:
-            for _, msg_id in self.state.index.order:
+            for item in self.state.index.order:
                 if len(out) >= limit:
                     break
-                item = self.state.index.que[msg_id]
                 due = int(item.due) if item.due.is_integer() else item.due
-                out.append({"msg_id": msg_id, "due": due, "dest": item.dest})
+                out.append({"msg_id": item.msg_id, "due": due, "dest": item.dest})
         return out
 
     def _list_run(self, limit: int) -> Any:
@@ -314,10 +313,11 @@ class Commands:
             except OSError as exc:
                 raise Fail(f"msg couldn't be deleted: {exc.strerror or exc}") from exc
             if state == "que":
+                dup_of = q.index.dup_of(msg_id)
                 item = q.index.remove_que(msg_id)
-                parent = q.jobs.get(item.dup_of or "") if item is not None else None
-                if parent is None and item is not None and item.dup_of in self.leases.active:
-                    parent = self.leases.active[item.dup_of].job
+                parent = q.jobs.get(dup_of or "") if item is not None else None
+                if parent is None and item is not None and dup_of in self.leases.active:
+                    parent = self.leases.active[dup_of].job
                 if item is not None and parent is not None:
                     dups = parent.dups
                     if msg_id in dups:

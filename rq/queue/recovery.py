@@ -10,15 +10,19 @@ takes no lock.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import time
+from typing import Any
 
-from rq import proc
-from rq.fsops import read_json, unlink_quiet
+from rq import jsonwire, proc
+from rq.fsops import read_json, read_small, unlink_quiet
+from rq.queue.index import QueItem, que_item
 from rq.queue.leases import Leases
 from rq.queue.state import QueueState
+from rq.store import Store
 
 log = logging.getLogger(__name__)
 RESTARTED = "QUEUE RESTARTED - MOVING TO QUE"
@@ -30,20 +34,7 @@ def recover(state: QueueState, leases: Leases) -> None:
     for msg_id in store.list_flat("run"):
         if not leases.recover(msg_id, store.msg_path("run", msg_id), time.time()):
             requeue_running(state, msg_id)  # an unexpired pull lease stays in run/
-    for msg_id in store.list_flat("que"):
-        path = store.msg_path("que", msg_id)
-        try:
-            fields = store.read_msg(path)
-        except (OSError, ValueError) as exc:
-            log.warning("skipping unreadable message que/%s: %s", msg_id, exc)
-            continue
-        if not isinstance(fields.get("due"), (int, float)) or isinstance(fields["due"], bool):
-            fields["due"] = int(now)
-            store.write_msg(path, fields)
-        try:
-            state.index.add_que(msg_id, fields["due"], fields)
-        except (TypeError, ValueError, OverflowError):
-            log.warning("skipping message que/%s: unusable due %r", msg_id, fields["due"])
+    state.index.load_que(que_items(store, now))
     try:  # a deletion killed between its rename and its rmtree (rq.queue.bulkmove)
         if store.remove_hidden():
             log.info("removed the leftovers of an interrupted deletion")
@@ -51,6 +42,49 @@ def recover(state: QueueState, leases: Leases) -> None:
         log.warning("cannot remove the leftovers of an interrupted deletion: %s", exc)
     state.index.prep = set(store.list_flat("prep"))
     state.index.counts = state.count_finished()
+
+
+def que_items(store: Store, now: float) -> list[QueItem]:
+    """The index entries of every que/ message, read once at start (a message without a
+    usable due gets `now`, written back).  A million queued messages cost a million
+    small reads: each is opened relative to que/ (a short path lookup) and its JSON
+    goes through the stdlib's C scanner (issue 15, bench/restart.py)."""
+    items: list[QueItem] = []
+    qdir = store.state_dir("que")
+    try:
+        dir_fd = os.open(qdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return items  # no que/ yet: nothing queued
+    try:
+        for msg_id in store.list_flat("que"):
+            try:
+                fields = read_msg_at(dir_fd, msg_id)
+            except (OSError, ValueError) as exc:
+                log.warning("skipping unreadable message que/%s: %s", msg_id, exc)
+                continue
+            due = fields.get("due")
+            if not isinstance(due, (int, float)) or isinstance(due, bool):
+                fields["due"] = due = int(now)
+                store.write_msg(os.path.join(qdir, msg_id), fields)
+            try:
+                items.append(que_item(msg_id, due, fields))
+            except (TypeError, ValueError, OverflowError):
+                log.warning("skipping message que/%s: unusable due %r", msg_id, due)
+    finally:
+        os.close(dir_fd)
+    return items
+
+
+def read_msg_at(dir_fd: int, msg_id: str) -> dict[str, Any]:
+    """Store.read_msg of que/<msg_id> through the que/ directory's descriptor."""
+    data = read_small(msg_id + "/msg", dir_fd)
+    try:
+        fields = jsonwire.loads(data)
+    except ValueError:  # not UTF-8 (json.loads also reads UTF-16 and -32) or no JSON
+        fields = json.loads(data)
+    if not isinstance(fields, dict):
+        raise ValueError("msg is not a JSON object")
+    return fields
 
 
 def requeue_running(state: QueueState, msg_id: str) -> None:

@@ -105,7 +105,7 @@ class QueueState:
             self.script_error = None
             log.info("script usable again; SCRIPTERROR cleared")
         for item in picks if picks is not None else self.due_picks(now):
-            if item.dup_of is None and item.msg_id in self.index.que:
+            if item.msg_id in self.index.que and self.index.dup_of(item.msg_id) is None:
                 if not self.start_job(item):
                     return
 
@@ -281,7 +281,7 @@ class QueueState:
             return
         self.index.remove_que(item.msg_id)
         self.index.counts["err"] += 1
-        self.events.log(item.msg_id, "que", "err", status=text, count=item.count)
+        self.events.log(item.msg_id, "que", "err", status=text, count=item.tries)
         fields = read_json(os.path.join(self.store.msg_path("err", item.msg_id), "msg"))
         if isinstance(fields, dict) and fields.get("post_run_webhook"):  # err too (S12.2)
             self.fire_webhooks(item.msg_id, fields, "err")
