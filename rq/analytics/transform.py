@@ -144,9 +144,9 @@ def window_events(checked: DataFrame, since: float | None, until: float | None) 
 # ---------------------------------------------------------------- per message
 
 
-def message_steps(events: DataFrame) -> DataFrame:
+def message_steps(events: DataFrame, keep: tuple[str, ...] = ()) -> DataFrame:
     """Each event with the span it closes and the retry it is, from the previous event of
-    its message in ts order."""
+    its message in ts order (plus the columns `keep` of `events`, passed through)."""
     # Events of one message logged in the same millisecond keep their order in the file: one
     # queue process appends them in order to one file (S13.1), and `pos` grows along a file.
     order = Window.partitionBy(HASH, *KEY).orderBy("ts", "pos")
@@ -167,13 +167,16 @@ def message_steps(events: DataFrame) -> DataFrame:
             .select(HASH, *KEY, "ts", "pos", "from", "to", "status",
                     wait_s.alias("wait_s"), run_s.alias("run_s"),
                     resend.cast("int").alias("resend"), lease.cast("int").alias("lease"),
-                    recovered.cast("int").alias("recovered")))
+                    recovered.cast("int").alias("recovered"), *keep))
 
 
-def message_table(events: DataFrame) -> DataFrame:
+def message_table(events: DataFrame, extra: tuple[Column, ...] = (),
+                  keep: tuple[str, ...] = ()) -> DataFrame:
     """One row per message: the docs/analytics.md `messages` columns plus `events`,
-    `last_ts` and `spans` (array of {kind, end_ts, s})."""
-    steps = message_steps(events)
+    `last_ts` and `spans` (array of {kind, end_ts, s}); `extra` aggregates (named) over the
+    columns `keep` of `events` are added at the end (rq.analytics.state: the days a message's
+    events came from)."""
+    steps = message_steps(events, keep)
     point = F.struct("ts", "pos", "to", "status")
     span = (F.when(F.col("wait_s").isNotNull(),
                    F.struct(F.lit("wait").alias("kind"), F.col("ts").alias("end_ts"),
@@ -193,7 +196,7 @@ def message_table(events: DataFrame) -> DataFrame:
         F.sum("wait_s").alias("wait_s"), F.sum("run_s").alias("run_s"),
         F.sum("resend").alias("resends"), F.sum("lease").alias("lease_expiries"),
         F.sum("recovered").alias("recoveries"),
-        F.collect_list(span).alias("spans"))
+        F.collect_list(span).alias("spans"), *extra)
     last, fin = F.col("_last"), F.col("_fin")
     deleted = last["to"] == "deleted"
     final_ts = F.coalesce(fin["ts"], F.when(deleted, last["ts"]))
@@ -203,7 +206,8 @@ def message_table(events: DataFrame) -> DataFrame:
         "wait_s", "run_s", (final_ts - F.col("created_ts")).alias("total_s"),
         "resends", "lease_expiries", "recoveries", "first_ts", final_ts.alias("final_ts"),
         F.coalesce(fin["status"], last["status"]).alias("status"),
-        "events", "last_ts", "created_ts", "spans")
+        "events", "last_ts", "created_ts", "spans",
+        *agg.columns[len(agg.columns) - len(extra):])
 
 
 # ---------------------------------------------------------------- aggregates
