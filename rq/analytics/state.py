@@ -255,7 +255,8 @@ class Figures:
     observed: dict[str, Observation] = field(default_factory=dict)
 
     def collect(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path, "state": self.state}
+        out: dict[str, Any] = {"path": self.path, "state": self.state,
+                               "compacted_events_read": 0, "messages_recomputed": 0}
         for name, obs in self.observed.items():
             out[name] = int(obs.get.get("n") or 0)
         return out
@@ -286,7 +287,7 @@ def run_messages(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame 
         events = parts[0]
         for part in parts[1:]:
             events = events.unionByName(part)
-        return T.message_table(events)
+        return counted(T.message_table(events), "messages_recomputed", figures)
     figures.path = "state"
     rows = read_state(spark, state)
     carried, straddling = window_rows(rows, since, until)
