@@ -97,24 +97,34 @@ def plan_day(plan: Plan, book: dict[str, Any], out: str, events_dir: str, day: s
 def compact(spark: SparkSession, out: str,
             days: list[tuple[str, str, list[extract.EventFile]]]) -> list[str]:
     """Check and write `days` as Parquet, publish them in the manifest; their directories."""
-    files = [f for _, _, day_files in days for f in day_files if f.size > 0]
     records = {f.uri: manifest.source_record(extract.local_path(f.uri), f.size)
                for _, _, day_files in days for f in day_files}
     token = secrets.token_hex(4)
     staging = os.path.join(manifest.compacted_dir(out), f".staging-{token}")
-    if files:
-        checked = T.check_lines(extract.read_lines(spark, files, with_file=True), ("file",))
+    # One staging tree per events directory: two inputs may both have a day D, and each gets
+    # its own partition (and its own line counts).
+    trees = sorted({events_dir for events_dir, _, _ in days})
+    lines: dict[tuple[str, str], dict[str, int]] = {}
+    for i, tree in enumerate(trees):
+        tree_files = [f for ed, _, day_files in days if ed == tree for f in day_files
+                      if f.size > 0]
+        if not tree_files:
+            continue
+        target = os.path.join(staging, str(i))
+        checked = T.check_lines(extract.read_lines(spark, tree_files, with_file=True),
+                                ("file",))
         (checked.select(*CHECKED_SCHEMA.fieldNames(),
                         F.regexp_extract("file", DAY_OF_FILE, 1).alias("day"),
                         F.regexp_extract("file", QUEUE_OF_FILE, 1).alias("src_queue"))
-         .write.partitionBy("day", "src_queue").parquet("file://" + staging))
-    lines = staged_line_counts(spark, staging) if files else {}
+         .write.partitionBy("day", "src_queue").parquet("file://" + target))
+        for day, counts in staged_line_counts(spark, target).items():
+            lines[tree, day] = counts
     os.makedirs(staging, exist_ok=True)
     book = manifest.load_manifest(out)
     replaced, made = [], []
     for events_dir, day, day_files in days:
         rel = os.path.join("compacted", manifest.events_key(events_dir), f"{day}.{token}")
-        built = os.path.join(staging, f"day={day}")
+        built = os.path.join(staging, str(trees.index(events_dir)), f"day={day}")
         empty = not os.path.isdir(built)
         os.makedirs(built, exist_ok=True)
         load.fsync_tree(built)
@@ -125,7 +135,8 @@ def compact(spark: SparkSession, out: str,
         if old:
             replaced.append(old["dir"])
         manifest.set_day_entry(book, events_dir, day, {
-            "dir": rel, "empty": empty, "lines": lines.get(day, manifest.zero_lines()),
+            "dir": rel, "empty": empty,
+            "lines": lines.get((events_dir, day), manifest.zero_lines()),
             "files": {os.path.basename(extract.local_path(f.uri)): records[f.uri]
                       for f in day_files}})
         made.append(os.path.join(out, rel))
