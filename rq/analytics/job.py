@@ -221,7 +221,7 @@ def incremental_messages(spark: Any, opts: Options, out: str, now: float, clock:
     if not windowed:  # the state covers whole trees: only unwindowed runs keep it up to date
         path, figures.state = state.maintain(spark, out, book, dirs)
     elif state.usable(book.get("state"), dirs, plan.trees, opts.since, opts.until):
-        path, figures.state = state.state_path(out, book), "kept"
+        path = state.state_path(out, book)
         figures.state = "kept" if path else "none"
     else:
         figures.state = "not usable" if book.get("state") else "none"
