@@ -4,14 +4,18 @@ A three-day event log (S13) with messages that span midnight, resends, lease exp
 corrupt lines (S13.4) and lines out of ts order is analysed twice on one input: incrementally
 (finished days compacted into Parquet, today's raw lines on top) and with `--full`; every result
 file must be equal field by field.  Then a late write lands in a compacted day, which must be
-compacted again, not read stale.  One `local[1]` SparkSession serves the module, and the first
-incremental run over a copy of the history is made once (`first_run`): the tests that start from
-it restore that copy, output included, before they go on.  Without Java the Spark tests skip with
-that reason.
+compacted again, not read stale.  Incremental runs carry per-message state across compactions
+(rq.analytics.state): the figures in summary.json say how many compacted events were read and how
+many messages were recomputed, and `expected_figures` derives both from the event files, so a run
+that reads history it does not need fails here.  One `local[1]` SparkSession serves the module,
+and the first incremental run over a copy of the history is made once (`first_run`): the tests
+that start from it restore that copy, output included, before they go on.  Without Java the Spark
+tests skip with that reason.
 """
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import random
@@ -26,7 +30,7 @@ import pytest
 
 from rq.analytics import job, manifest, progress
 from rq.builtin import cleaner
-from rq.events import encode_event
+from rq.events import decode_line, encode_event
 
 JAVA = shutil.which("java") is not None
 needs_spark = pytest.mark.skipif(not JAVA, reason="Java 17+ is not installed: Spark cannot run")
@@ -112,27 +116,95 @@ def write_history(tree: Path) -> None:
 
 
 def analyse(spark: Any, tree: Path, out: Path, *, full: bool, since: float | None = None,
-            until: float | None = None) -> dict[str, Any]:
+            until: float | None = None, now: float = NOW) -> dict[str, Any]:
     opts = job.Options(inputs=(str(tree),), output=str(out), since=since, until=until,
                        master="local[1]", full=full)
-    final, _ = job.run(spark, opts, now=NOW)
+    final, _ = job.run(spark, opts, now=now)
     summary = json.loads(Path(final, "summary.json").read_text())
-    tables = {name: sorted(tuple(sorted(r.asDict(recursive=True).items())) for r in
-                           spark.read.parquet("file://" + os.path.join(final, name)).collect())
+    # Sorted by repr: a column can hold None in one row and text in another.
+    tables = {name: sorted((tuple(sorted(r.asDict(recursive=True).items())) for r in
+                            spark.read.parquet("file://" + os.path.join(final, name)).collect()),
+                           key=repr)
               for name in ("messages", "errors", "hourly")}
     return {"summary": summary, "hourly.json": json.loads(Path(final, "hourly.json").read_text()),
             **tables}
 
 
-def assert_same(incremental: dict[str, Any], full: dict[str, Any]) -> None:
+def assert_same(incremental: dict[str, Any], full: dict[str, Any],
+                ignore: tuple[str, ...] = ()) -> None:
     assert incremental["summary"]["compaction"]["mode"] == "incremental"
     assert full["summary"]["compaction"]["mode"] == "full"
     for name in ("messages", "errors", "hourly", "hourly.json"):
         assert incremental[name] == full[name], name
-    a = {k: v for k, v in incremental["summary"].items() if k not in RUN_FIELDS}
-    b = {k: v for k, v in full["summary"].items() if k not in RUN_FIELDS}
+    a = {k: v for k, v in incremental["summary"].items() if k not in RUN_FIELDS + ignore}
+    b = {k: v for k, v in full["summary"].items() if k not in RUN_FIELDS + ignore}
     for key in sorted(set(a) | set(b)):
         assert a.get(key) == b.get(key), key
+
+
+Key = tuple[str, str, Any]
+
+
+def valid_events(tree: Path) -> list[tuple[str, Key, float]]:
+    """(day directory, message key, ts) of every line of the tree that passes the S13.4
+    checks (rq.events.decode_line; a last line without its newline is torn)."""
+    out = []
+    for path in sorted((tree / "log" / "events").glob("*/*.jsonl")):
+        for raw in path.read_bytes().splitlines(keepends=True):
+            e = decode_line(raw)
+            if e is not None and all(e.get(f) is not None for f in ("ts", "queue", "msg_id",
+                                                                    "to")):
+                out.append((path.parent.name, (e["msg_id"], e["queue"], e.get("host")),
+                            float(e["ts"])))
+    return out
+
+
+def expected_figures(tree: Path, compacted: set[str], since: float | None = None,
+                     until: float | None = None) -> dict[str, int]:
+    """What a run on carried state must read and recompute (rq.analytics.state): the messages
+    with raw events in the window, and those whose compacted events straddle the window, are
+    recomputed from their own windowed compacted events; every other message is carried."""
+    lo = since if since is not None else float("-inf")
+    hi = until if until is not None else float("inf")
+
+    def wanted(day: str) -> bool:  # rq.analytics.extract.day_wanted
+        start = calendar.timegm(time.strptime(day, "%Y%m%d"))
+        return start + DAY > lo and start < hi
+
+    events = valid_events(tree)
+    comp = [e for e in events if e[0] in compacted]
+    raw = [e for e in events if e[0] not in compacted and wanted(e[0]) and lo <= e[2] < hi]
+    span: dict[Key, list[Any]] = {}
+    for day, key, ts in comp:
+        s = span.setdefault(key, [ts, ts, day, day])
+        s[0], s[1] = min(s[0], ts), max(s[1], ts)
+        s[2], s[3] = min(s[2], day), max(s[3], day)
+    raw_keys = {key for _, key, _ in raw}
+
+    def straddles(s: list[Any]) -> bool:
+        inside = lo <= s[0] and s[1] < hi and wanted(s[2]) and wanted(s[3])
+        return not inside and not (s[1] < lo or s[0] >= hi)
+    hit = {key for key, s in span.items() if key in raw_keys or straddles(s)}
+    read = [e for e in comp if e[1] in hit and wanted(e[0]) and lo <= e[2] < hi]
+    in_window = {key for day, key, ts in comp if wanted(day) and lo <= ts < hi} | raw_keys
+    return {"compacted_events_read": len(read),
+            "messages_recomputed": len({key for _, key, _ in read} | raw_keys),
+            "messages": len(in_window)}
+
+
+def assert_carried(summary: dict[str, Any], tree: Path, compacted: set[str],
+                   since: float | None = None, until: float | None = None) -> None:
+    """The run took the carried-state path and read and recomputed only what it needed."""
+    comp = summary["compaction"]
+    assert comp["path"] == "state", comp
+    want = expected_figures(tree, compacted, since, until)
+    got = {k: comp[k] for k in want}
+    assert got == want, (got, want)
+    assert 0 < want["messages_recomputed"] < want["messages"] / 2, want  # most are carried
+
+
+def days(*n: int) -> set[str]:
+    return {time.strftime("%Y%m%d", time.gmtime(D0 + i * DAY)) for i in n}
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +256,11 @@ def test_incremental_equals_full_and_compacts_finished_days(spark: Any,
     full = analyse(spark, tree, out, full=True)
     assert_same(first, full)
     assert_same(again, full)
+    # Both on carried state (S13.4 counts of compacted days from the manifest, not re-read):
+    # the first run built it, the second found it current.
+    assert (comp["state"], again["summary"]["compaction"]["state"]) == ("built", "kept")
+    for run in (first, again):
+        assert_carried(run["summary"], tree, days(0, 1))
     lines = full["summary"]["lines"]["skipped_by_reason"]
     assert lines == {"torn": 2, "layout": 1, "crc": 1, "json": 1}
     spans = [m for m in full["messages"] if dict(m)["final_state"] and
@@ -192,11 +269,28 @@ def test_incremental_equals_full_and_compacts_finished_days(spark: Any,
 
 
 @needs_spark
-def test_since_until_on_both_paths(spark: Any, history: Path, tmp_path: Path) -> None:
+def test_since_until_on_both_paths(spark: Any, history: Path, first_run: FirstRun,
+                                   tmp_path: Path) -> None:
     window = {"since": D0 + DAY - 3600, "until": D0 + 2 * DAY + 3600}
     inc = analyse(spark, history, tmp_path / "out", full=False, **window)
     assert inc["summary"]["since"] == window["since"]
-    assert_same(inc, analyse(spark, history, tmp_path / "out", full=True, **window))
+    # A fresh output: a windowed run keeps no state, so it reads every compacted event.
+    assert inc["summary"]["compaction"]["path"] == "events"
+    full = analyse(spark, history, tmp_path / "out", full=True, **window)
+    assert_same(inc, full)
+    # Over the state of an unwindowed run: messages with events on both sides of `since` (and
+    # those with raw events) are recomputed from their windowed events, the rest carried.
+    first_run.restore()
+    carried = analyse(spark, first_run.tree, first_run.out, full=False, **window)
+    assert_carried(carried["summary"], first_run.tree, days(0, 1), **window)
+    assert_same(carried, full, ignore=("inputs",))  # the same events under another path
+    # A window whose first day is after a compacted day the state covers: day 0 is not read
+    # at all, so a message with events on day 0 is recomputed even when its day-0 events are
+    # before `since` (extract.day_wanted decides which files a run reads, not only `ts`).
+    late = {"since": D0 + DAY + 3600}
+    carried = analyse(spark, first_run.tree, first_run.out, full=False, **late)
+    assert_carried(carried["summary"], first_run.tree, days(0, 1), **late)
+    assert_same(carried, analyse(spark, first_run.tree, first_run.out, full=True, **late))
 
 
 @needs_spark
@@ -220,6 +314,9 @@ def test_late_write_recompacts_the_day(spark: Any, first_run: FirstRun) -> None:
     inc = analyse(spark, tree, out, full=False)
     assert not any(left.exists() for left in leftovers)
     assert inc["summary"]["compaction"]["days_compacted_now"] == 1
+    # The state covered the replaced directory: it is brought up to date, then carried.
+    assert inc["summary"]["compaction"]["state"] == "updated"
+    assert_carried(inc["summary"], tree, days(0, 1))
     assert any(dict(m)["msg_id"] == "late1" for m in inc["messages"])
     new_entry = manifest.day_entry(manifest.load_manifest(str(out)), events_dir, day0)
     assert new_entry is not None and new_entry["dir"] != entry["dir"]
@@ -229,6 +326,84 @@ def test_late_write_recompacts_the_day(spark: Any, first_run: FirstRun) -> None:
     os.utime(path, (time.time() + 5, time.time() + 5))
     assert analyse(spark, tree, out, full=False)["summary"]["compaction"][
         "days_compacted_now"] == 0
+
+
+def last_states(tree: Path) -> dict[Key, tuple[float, str, dict[str, Any]]]:
+    """Each message's last valid event: (ts, to, event)."""
+    last: dict[Key, tuple[float, str, dict[str, Any]]] = {}
+    for path in sorted((tree / "log" / "events").glob("*/*.jsonl")):
+        for raw in path.read_bytes().splitlines(keepends=True):
+            e = decode_line(raw)
+            if e is not None:
+                key = (e["msg_id"], e["queue"], e["host"])
+                if key not in last or e["ts"] >= last[key][0]:
+                    last[key] = (e["ts"], e["to"], e)
+    return last
+
+
+def append_shuffled(tree: Path, events: list[dict[str, Any]], seed: int) -> None:
+    """Append `events` in a shuffled order (lines out of ts order, S13.1 only orders a file
+    by write)."""
+    random.Random(seed).shuffle(events)
+    for e in events:
+        append(tree, e)
+
+
+@needs_spark
+def test_carried_state_across_runs(spark: Any, first_run: FirstRun) -> None:
+    """Second and third incremental runs on carried state: resends and lease expiries of
+    messages whose earlier events are compacted, messages finished after the compaction
+    boundary, a day compacted on top of the state; each equal to the full recompute."""
+    first_run.restore()
+    tree, out = first_run.tree, first_run.out
+    last = last_states(tree)
+    running = sorted(k for k, (ts, to, _) in last.items() if to == "run" and ts < D0 + 2 * DAY)
+    done = sorted(k for k, (ts, to, _) in last.items() if to == "done" and ts < D0 + 2 * DAY)
+    errs = sorted(k for k, (ts, to, _) in last.items() if to == "err" and ts < D0 + 2 * DAY)
+    assert len(running) >= 2 and done and errs
+
+    def at(key: Key, ts: float, frm: str | None, to: str, status: str | None = None,
+           duration: float | None = None) -> dict[str, Any]:
+        return ev(key[1], key[0], ts, frm, to, status, duration)
+
+    # Run 2, today (raw): a resend and a lease expiry of messages running since a compacted
+    # day, a finished message deleted, a new message queued.
+    t = NOW - 3000
+    resent, leased = running[0], running[1]
+    append_shuffled(tree, [
+        at(resent, t, "run", "que", "try again", 30.0), at(resent, t + 60, "que", "run"),
+        at(resent, t + 90, "run", "done", "ok", 30.0),
+        at(leased, t + 5, "run", "que", "LEASE EXPIRED - MOVING TO QUE", 40.0),
+        at(leased, t + 70, "que", "run"),
+        at(done[0], t + 100, "done", "deleted"),
+        ev("b", "fresh1", t + 200, None, "prep"), ev("b", "fresh1", t + 200, "prep", "que"),
+    ], 2)
+    second = analyse(spark, tree, out, full=False)
+    comp = second["summary"]["compaction"]
+    assert (comp["state"], comp["days_compacted_now"]) == ("kept", 0)
+    assert_carried(second["summary"], tree, days(0, 1))
+    assert_same(second, analyse(spark, tree, out, full=True))
+
+    # Run 3, a day later: today is compacted on top of the state (which is updated, not
+    # rebuilt), and tomorrow's raw lines finish messages begun before it.
+    later = NOW + DAY
+    t = D0 + 3 * DAY + 1000
+    append_shuffled(tree, [
+        at(leased, t, "run", "done", "ok", 900.0),
+        ev("b", "fresh1", t + 10, "que", "run"), ev("b", "fresh1", t + 20, "run", "err", "boom"),
+        at(errs[0], t + 30, "err", "deleted"),
+        ev("a", "fresh2", t + 40, None, "prep"), ev("a", "fresh2", t + 40, "prep", "que"),
+    ], 3)
+    third = analyse(spark, tree, out, full=False, now=later)
+    comp = third["summary"]["compaction"]
+    assert (comp["state"], comp["days_compacted_now"]) == ("updated", 1)
+    assert_carried(third["summary"], tree, days(0, 1, 2))
+    assert_same(third, analyse(spark, tree, out, full=True, now=later))
+    # The state now covers the three compacted days, and the one before it is gone.
+    book = manifest.load_manifest(str(out))
+    assert len(book["state"]["covers"]) == 3
+    assert [p.name for p in (out / "compacted").iterdir() if p.name.startswith("state.")] == [
+        Path(book["state"]["dir"]).name]
 
 
 @needs_spark

@@ -6,10 +6,11 @@ line with its `reason` (so skipped lines are still counted), under
 `OUT/compacted/<events-key>/<DAY>.<token>/src_queue=<QUEUE>/` (partitions by day and by the
 queue file the lines came from).  A day's directory is built in a private staging directory,
 fsynced, renamed into place, and only then named in the manifest; the directory it replaces is
-removed after that.  `incremental_input` returns the checked lines of a run: compacted days read
-back from Parquet plus the raw files not compacted (today, days not finished yet, remote
-inputs), so everything downstream (per-message state spanning days, the aggregates) is computed
-exactly as in a full run.
+removed after that.  Compaction also records each day's line counts (valid, and skipped by
+S13.4 reason) in its manifest entry, so a later run counts the lines of compacted days without
+reading them again.  `prepare` compacts what is due and returns what a run reads: compacted day
+directories plus the raw files not compacted (today, days not finished yet, remote inputs);
+rq.analytics.state turns them into the run's message table.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from rq.analytics import transform as T
 CHECKED_SCHEMA = StructType([StructField("reason", StringType()), StructField("pos", LongType()),
                              *[f for f in T.EVENT_SCHEMA.fields if f.name != T.CORRUPT]])
 DAY_OF_FILE = r"/(\d{8})/[^/]+\.jsonl$"
+DAY_OF_STAGED = r"/day=(\d{8})/"
 QUEUE_OF_FILE = r"/([^/]+)\.jsonl$"
 
 
@@ -40,6 +42,8 @@ class Plan:
     raw: list[extract.EventFile] = field(default_factory=list)
     to_compact: list[tuple[str, str, list[extract.EventFile]]] = field(default_factory=list)
     files: int = 0                                             # source files behind it all
+    days: list[tuple[str, str]] = field(default_factory=list)  # (events dir, day) read compacted
+    trees: list[str] = field(default_factory=list)             # events keys of local inputs
 
 
 def group_by_day(files: list[extract.EventFile]) -> dict[tuple[str, str], list[extract.EventFile]]:
@@ -60,6 +64,7 @@ def make_plan(spark: SparkSession, inputs: list[str], since: float | None, until
             plan.raw += extract.list_remote(spark, uri, since, until)
             continue
         events_dir = extract.events_dir_local(extract.local_path(uri))
+        plan.trees.append(manifest.events_key(events_dir))
         days = group_by_day(extract.list_local(uri, since, until))
         tree = book["trees"].get(manifest.events_key(events_dir), {"days": {}})
         for day in tree["days"]:  # raw days removed by retention after compaction
@@ -77,10 +82,12 @@ def plan_day(plan: Plan, book: dict[str, Any], out: str, events_dir: str, day: s
     if manifest.day_fresh(entry, os.path.join(events_dir, day), out):
         assert entry is not None
         plan.files += len(entry["files"])
+        plan.days.append((events_dir, day))
         if not entry.get("empty"):
             plan.compacted.append(os.path.join(out, entry["dir"]))
     elif start is not None and manifest.day_finished(start, now):
         plan.to_compact.append((events_dir, day, files))
+        plan.days.append((events_dir, day))
         plan.files += len(files)
     else:
         plan.raw += files
@@ -90,23 +97,34 @@ def plan_day(plan: Plan, book: dict[str, Any], out: str, events_dir: str, day: s
 def compact(spark: SparkSession, out: str,
             days: list[tuple[str, str, list[extract.EventFile]]]) -> list[str]:
     """Check and write `days` as Parquet, publish them in the manifest; their directories."""
-    files = [f for _, _, day_files in days for f in day_files if f.size > 0]
     records = {f.uri: manifest.source_record(extract.local_path(f.uri), f.size)
                for _, _, day_files in days for f in day_files}
     token = secrets.token_hex(4)
     staging = os.path.join(manifest.compacted_dir(out), f".staging-{token}")
-    if files:
-        checked = T.check_lines(extract.read_lines(spark, files, with_file=True), ("file",))
+    # One staging tree per events directory: two inputs may both have a day D, and each gets
+    # its own partition (and its own line counts).
+    trees = sorted({events_dir for events_dir, _, _ in days})
+    lines: dict[tuple[str, str], dict[str, int]] = {}
+    for i, tree in enumerate(trees):
+        tree_files = [f for ed, _, day_files in days if ed == tree for f in day_files
+                      if f.size > 0]
+        if not tree_files:
+            continue
+        target = os.path.join(staging, str(i))
+        checked = T.check_lines(extract.read_lines(spark, tree_files, with_file=True),
+                                ("file",))
         (checked.select(*CHECKED_SCHEMA.fieldNames(),
                         F.regexp_extract("file", DAY_OF_FILE, 1).alias("day"),
                         F.regexp_extract("file", QUEUE_OF_FILE, 1).alias("src_queue"))
-         .write.partitionBy("day", "src_queue").parquet("file://" + staging))
+         .write.partitionBy("day", "src_queue").parquet("file://" + target))
+        for day, counts in staged_line_counts(spark, target).items():
+            lines[tree, day] = counts
     os.makedirs(staging, exist_ok=True)
     book = manifest.load_manifest(out)
     replaced, made = [], []
     for events_dir, day, day_files in days:
         rel = os.path.join("compacted", manifest.events_key(events_dir), f"{day}.{token}")
-        built = os.path.join(staging, f"day={day}")
+        built = os.path.join(staging, str(trees.index(events_dir)), f"day={day}")
         empty = not os.path.isdir(built)
         os.makedirs(built, exist_ok=True)
         load.fsync_tree(built)
@@ -118,6 +136,7 @@ def compact(spark: SparkSession, out: str,
             replaced.append(old["dir"])
         manifest.set_day_entry(book, events_dir, day, {
             "dir": rel, "empty": empty,
+            "lines": lines.get((events_dir, day), manifest.zero_lines()),
             "files": {os.path.basename(extract.local_path(f.uri)): records[f.uri]
                       for f in day_files}})
         made.append(os.path.join(out, rel))
@@ -129,15 +148,34 @@ def compact(spark: SparkSession, out: str,
     return made
 
 
+def staged_line_counts(spark: SparkSession, staging: str) -> dict[str, dict[str, int]]:
+    """day → {"valid": n, "torn": n, …} of the lines just written to `staging` (its `reason`
+    column only: a small read of Parquet, not of the raw lines)."""
+    counts: dict[str, dict[str, int]] = {}
+    rows = (spark.read.schema("reason string").parquet("file://" + staging)
+            .groupBy(F.regexp_extract(F.col("_metadata.file_path"), DAY_OF_STAGED, 1)
+                     .alias("day"), "reason").count().collect())
+    for r in rows:
+        day = counts.setdefault(r["day"], manifest.zero_lines())
+        day[r["reason"] or "valid"] += int(r["count"])
+    return counts
+
+
 def sweep(out: str) -> list[str]:
-    """Remove what a run that died mid-compaction left (staging directories, day directories
-    renamed into place that the manifest never came to name).  Called under the lock."""
-    named = {entry["dir"] for tree in manifest.load_manifest(out)["trees"].values()
-             for entry in tree["days"].values()}
+    """Remove what a run that died mid-compaction left (staging directories, day and state
+    directories renamed into place that the manifest never came to name).  Called under the
+    lock."""
+    book = manifest.load_manifest(out)
+    named = {entry["dir"] for tree in book["trees"].values() for entry in tree["days"].values()}
+    if book.get("state"):
+        named.add(book["state"]["dir"])
     top = manifest.compacted_dir(out)
     doomed = [os.path.join(top, n) for n in os.listdir(top) if n.startswith(".staging-")]
+    doomed += [os.path.join(top, n) for n in os.listdir(top) if n.startswith(
+        manifest.STATE_PREFIX) and os.path.join("compacted", n) not in named]
     for key in os.listdir(top):
-        if os.path.isdir(os.path.join(top, key)) and not key.startswith("."):
+        if os.path.isdir(os.path.join(top, key)) and not key.startswith((
+                ".", manifest.STATE_PREFIX)):
             doomed += [os.path.join(top, key, n) for n in os.listdir(os.path.join(top, key))
                        if os.path.join("compacted", key, n) not in named]
     for path in doomed:
@@ -153,24 +191,37 @@ def read_compacted(spark: SparkSession, dirs: list[str]) -> DataFrame:
             .parquet(*["file://" + d for d in dirs]))
 
 
-def incremental_input(spark: SparkSession, inputs: list[str], since: float | None,
-                      until: float | None, out: str, now: float
-                      ) -> tuple[list[DataFrame], dict[str, int]]:
-    """The checked-line parts of an incremental run (compacting finished days first) and
-    figures for summary.json's `compaction`."""
-    with manifest.locked(out):
-        sweep(out)
-        plan = make_plan(spark, inputs, since, until, out, now)
-        fresh = compact(spark, out, plan.to_compact) if plan.to_compact else []
-        book = manifest.load_manifest(out)
-        fresh = [d for d, (ed, day, _) in zip(fresh, plan.to_compact)
-                 if not (manifest.day_entry(book, ed, day) or {}).get("empty")]
-    parts = []
-    dirs = plan.compacted + fresh
-    if dirs:
-        parts.append(read_compacted(spark, dirs))
-    raw = [f for f in plan.raw if f.size > 0]
-    if raw:
-        parts.append(T.check_lines(extract.read_lines(spark, raw)))
-    return parts, {"files": plan.files, "days_read": len(dirs),
-                   "days_compacted_now": len(plan.to_compact), "raw_files": len(plan.raw)}
+def ensure_line_counts(spark: SparkSession, out: str, plan: Plan) -> dict[str, Any]:
+    """The manifest, with line counts in the entry of every compacted day of `plan` (entries
+    written before counts were recorded get them from one read of their `reason` column)."""
+    book = manifest.load_manifest(out)
+    missing = [(ed, day) for ed, day in plan.days
+               if "lines" not in (manifest.day_entry(book, ed, day) or {"lines": 0})]
+    for ed, day in missing:
+        entry = manifest.day_entry(book, ed, day)
+        assert entry is not None
+        if entry.get("empty"):
+            entry["lines"] = manifest.zero_lines()
+            continue
+        entry["lines"] = manifest.zero_lines()
+        for r in (read_compacted(spark, [os.path.join(out, entry["dir"])])
+                  .groupBy("reason").count().collect()):
+            entry["lines"][r["reason"] or "valid"] += int(r["count"])
+    if missing:
+        load.write_json(manifest.manifest_path(out), book)
+    return book
+
+
+def prepare(spark: SparkSession, inputs: list[str], since: float | None,
+            until: float | None, out: str, now: float) -> tuple[Plan, dict[str, Any]]:
+    """Compact the finished days that are due (the caller holds manifest.locked(out)); the
+    run's plan, with `compacted` the non-empty compacted days it reads, and the manifest."""
+    sweep(out)
+    plan = make_plan(spark, inputs, since, until, out, now)
+    if plan.to_compact:
+        compact(spark, out, plan.to_compact)
+    book = ensure_line_counts(spark, out, plan)
+    plan.compacted = sorted(
+        os.path.join(out, entry["dir"]) for ed, day in plan.days
+        for entry in [manifest.day_entry(book, ed, day)] if entry and not entry.get("empty"))
+    return plan, book

@@ -11,7 +11,7 @@ import datetime as dt
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -102,34 +102,41 @@ def parse_options(root: str | None, flags: Mapping[str, Any], now: float) -> Opt
 
 def run(spark: Any, opts: Options, *, now: float | None = None) -> tuple[str, dict[str, Any]]:
     """One run: read, check, aggregate, write and publish. Returns (run dir, summary)."""
-    from pyspark import StorageLevel
-    from pyspark.sql import Observation
-
-    from rq.analytics import extract, load, summary
-    from rq.analytics import transform as T
+    from rq.analytics import load, manifest
 
     started = time.time() if now is None else now
-    clock = time.monotonic()
     out = load.output_dir(opts.output)
+    if opts.full:
+        return run_locked(spark, opts, out, started)
+    # Incremental: compaction, the state and the reads of compacted days under one lock, so
+    # that no other run replaces a directory this one reads.
+    with manifest.locked(out):
+        return run_locked(spark, opts, out, started)
+
+
+def run_locked(spark: Any, opts: Options, out: str, started: float
+               ) -> tuple[str, dict[str, Any]]:
+    from pyspark import StorageLevel
+
+    from rq.analytics import load, summary
+    from rq.analytics import transform as T
+
+    clock = time.monotonic()
     run_id = load.new_run_id(started)
-    # One pass over the lines: they are checked, counted (observe) and fed to the per-message
-    # shuffle together; only the much smaller message table is cached.
-    # (An input with no lines at all is planned as an empty relation, which never fills an
-    # Observation: it is counted as zero lines instead.)
-    observed = Observation("lines")
-    parts, compaction = checked_parts(spark, opts, out, started)
-    stages = {"compact": round(time.monotonic() - clock, 3)}
-    readable = bool(parts)
-    checked = parts[0] if parts else T.check_lines(extract.read_lines(spark, []))
-    for part in parts[1:]:
-        checked = checked.unionByName(part)
-    if readable:
-        checked = checked.observe(observed, *T.line_count_columns())
-    messages = T.message_table(T.window_events(checked, opts.since, opts.until)).persist(
-        StorageLevel.MEMORY_AND_DISK)
+    if opts.full:
+        messages, counts, compaction, stages = full_messages(spark, opts, clock)
+    else:
+        messages, counts, compaction, stages = incremental_messages(spark, opts, out, started,
+                                                                    clock)
+    messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
+    if not opts.full:
+        # Materialised on its own so that the stages say what the message table cost.
+        compaction["messages"] = messages.count()
+        stages["messages"] = round(time.monotonic() - clock - sum(stages.values()), 3)
     msg_rows = T.rows(T.message_stats(messages))
-    line_counts = observed.get if readable else {}
-    stages["read_check_messages"] = round(time.monotonic() - clock - stages["compact"], 3)
+    line_counts = counts()
+    if opts.full:
+        stages["read_check_messages"] = round(time.monotonic() - clock - stages["compact"], 3)
     span_rows = T.rows(T.span_stats(messages))
     errors = T.error_table(messages).persist()
     queue_errors = T.rows(T.top_errors(errors))
@@ -165,21 +172,93 @@ def run(spark: Any, opts: Options, *, now: float | None = None) -> tuple[str, di
     return final, result
 
 
-def checked_parts(spark: Any, opts: Options, out: str, now: float
-                  ) -> tuple[list[Any], dict[str, Any]]:
-    """The checked lines to analyse, as DataFrames to union: the raw event log (`--full`), or
-    compacted days plus raw files not compacted yet (issue 19, rq.analytics.compact)."""
-    from rq.analytics import compact, extract
+Counts = Callable[[], Mapping[str, Any]]
+
+
+def full_messages(spark: Any, opts: Options, clock: float
+                  ) -> tuple[Any, Counts, dict[str, Any], dict[str, float]]:
+    """`--full`: the message table from every raw line (the reference the incremental path
+    must equal), its line counts (observed in the same pass) and figures."""
+    from pyspark.sql import Observation
+
+    from rq.analytics import extract
     from rq.analytics import transform as T
 
-    if not opts.full:
-        parts, figures = compact.incremental_input(
-            spark, list(opts.inputs), opts.since, opts.until, out, now)
-        return parts, {"mode": "incremental", **figures}
+    # One pass over the lines: they are checked, counted (observe) and fed to the per-message
+    # shuffle together; only the much smaller message table is cached.
+    # (An input with no lines at all is planned as an empty relation, which never fills an
+    # Observation: it is counted as zero lines instead.)
+    observed = Observation("lines")
     files = extract.list_inputs(spark, list(opts.inputs), opts.since, opts.until)
     readable = [f for f in files if f.size > 0]
-    parts = [T.check_lines(extract.read_lines(spark, readable))] if readable else []
-    return parts, {"mode": "full", "files": len(files)}
+    stages = {"compact": round(time.monotonic() - clock, 3)}
+    checked = T.check_lines(extract.read_lines(spark, readable)) if readable else \
+        T.check_lines(extract.read_lines(spark, []))
+    if readable:
+        checked = checked.observe(observed, *T.line_count_columns())
+    messages = T.message_table(T.window_events(checked, opts.since, opts.until))
+    return (messages, lambda: observed.get if readable else {},
+            {"mode": "full", "files": len(files)}, stages)
+
+
+def incremental_messages(spark: Any, opts: Options, out: str, now: float, clock: float
+                         ) -> tuple[Any, Counts, dict[str, Any], dict[str, float]]:
+    """Compacted days plus raw files not compacted yet (issue 19, rq.analytics.compact), with
+    per-message state carried across compactions (rq.analytics.state).  Line counts: those
+    compaction recorded for the compacted days, plus a count of the raw lines.  The caller
+    holds manifest.locked(out)."""
+    from pyspark import StorageLevel
+
+    from rq.analytics import compact, extract, state
+    from rq.analytics import transform as T
+
+    plan, book = compact.prepare(spark, list(opts.inputs), opts.since, opts.until, out, now)
+    stages = {"compact": round(time.monotonic() - clock, 3)}
+    dirs = state.rel_dirs(out, plan.compacted)
+    figures = state.Figures()
+    windowed = opts.since is not None or opts.until is not None
+    path = None
+    if not windowed:  # the state covers whole trees: only unwindowed runs keep it up to date
+        path, figures.state = state.maintain(spark, out, book, dirs)
+    elif state.usable(book.get("state"), dirs, plan.trees, opts.since, opts.until):
+        path = state.state_path(out, book)
+        figures.state = "kept" if path else "none"
+    else:
+        figures.state = "not usable" if book.get("state") else "none"
+    stages["state"] = round(time.monotonic() - clock - stages["compact"], 3)
+    lines = manifest_lines(book, plan.days)
+    raw_files = [f for f in plan.raw if f.size > 0]
+    raw = None
+    if raw_files:
+        # Read once, used twice (the keys of the messages it touches, their events): cached.
+        raw = T.check_lines(extract.read_lines(spark, raw_files)).persist(
+            StorageLevel.MEMORY_AND_DISK)
+        for key, value in T.rows(T.line_counts(raw))[0].items():
+            lines[key] += int(value or 0)
+    messages = state.run_messages(spark, out, dirs, raw, opts.since, opts.until, path, figures)
+    figures_out: dict[str, Any] = {"mode": "incremental", "files": plan.files,
+                                   "days_read": len(dirs),
+                                   "days_compacted_now": len(plan.to_compact),
+                                   "raw_files": len(plan.raw)}
+
+    def counts() -> Mapping[str, Any]:
+        figures_out.update(figures.collect())
+        if raw is not None:
+            raw.unpersist()
+        return lines
+    return messages, counts, figures_out, stages
+
+
+def manifest_lines(book: Mapping[str, Any], days: Sequence[tuple[str, str]]) -> dict[str, int]:
+    """The line counts compaction recorded for these (events dir, day)s."""
+    from rq.analytics import manifest
+
+    total = manifest.zero_lines()
+    for events_dir, day in days:
+        entry = manifest.day_entry(book, events_dir, day)
+        for key, value in (entry or {}).get("lines", {}).items():
+            total[key] += int(value)
+    return total
 
 
 HOURLY_SCHEMA = ("queue string, hour long, done long, err long, relayed long, deleted long, "

@@ -7,8 +7,10 @@ events directory and day, that directory's name and every source file it came fr
 and a SHA-256 of the prefix that was read and checked (S13.4).  A day is *fresh* when its raw
 directory is gone (retention removed it after compaction) or holds exactly those files with those
 sizes and contents; anything else (a late writer, a repaired torn tail, a new queue file) makes it
-stale, and it is compacted again.  Pure Python, no pyspark: the cleaner (S13 retention) reads it
-to remove only raw days whose partition is durable.
+stale, and it is compacted again.  Each day entry also records the day's line counts (`lines`:
+valid, and skipped by S13.4 reason).  The top-level `state` entry names the per-message state
+table (rq.analytics.state) and the compacted day directories it covers.  Pure Python, no
+pyspark: the cleaner (S13 retention) reads it to remove only raw days whose partition is durable.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ DAY = 86400
 GRACE_S = 600
 VERSION = 1
 CHUNK = 1 << 20
+REASONS = ("torn", "layout", "crc", "json")   # S13.4, as rq.analytics.transform.REASONS
+STATE_PREFIX = "state."                      # OUT/compacted/state.<token>/
+
+
+def zero_lines() -> dict[str, int]:
+    return {"valid": 0, **{r: 0 for r in REASONS}}
 
 
 def compacted_dir(out: str) -> str:
