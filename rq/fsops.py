@@ -418,16 +418,19 @@ def unlink_quiet(path: str) -> None:
         pass
 
 
-def read_small(path: str, dir_fd: int | None = None) -> bytes:
+def read_small(path: str, dir_fd: int | None = None, *, regular: bool = False) -> bytes:
     """The whole content of the (small) file `path` (relative to the directory `dir_fd`
     when given): open, read to EOF, close, without the buffered file object's fstat,
     isatty ioctl and seeks (issue 15: 4 system calls instead of 9 for a msg or status
-    file).  Raises OSError."""
+    file).  `regular`: the caller knows `path` is a regular file, where a short read is
+    the end (one read fewer; not so for /proc files or pipes).  Raises OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         chunks = []
         while chunk := os.read(fd, 65536):
             chunks.append(chunk)
+            if regular and len(chunk) < 65536:
+                break
     finally:
         os.close(fd)
     return b"".join(chunks)

@@ -77,7 +77,7 @@ def que_items(store: Store, now: float) -> list[QueItem]:
 
 def read_msg_at(dir_fd: int, msg_id: str) -> dict[str, Any]:
     """Store.read_msg of que/<msg_id> through the que/ directory's descriptor."""
-    data = read_small(msg_id + "/msg", dir_fd)
+    data = read_small(msg_id + "/msg", dir_fd, regular=True)  # RQ writes it: a file
     try:
         fields = jsonwire.loads(data)
     except ValueError:  # not UTF-8 (json.loads also reads UTF-16 and -32) or no JSON
