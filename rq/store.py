@@ -24,7 +24,7 @@ import time
 from collections.abc import Container, Iterator
 from typing import Any
 
-from rq import message, protocol, spares
+from rq import jsonwire, message, protocol, spares
 from rq.errors import Fail
 from rq.fsops import FsOps, is_regular, md5_file, read_small, unlink_quiet
 
@@ -77,8 +77,15 @@ class Store:
 
     # ------------------------------------------------------------ reading
     @staticmethod
-    def read_msg(path: str) -> dict[str, Any]:
-        data = json.loads(read_small(os.path.join(path, "msg")))
+    def read_msg(path: str, dir_fd: int | None = None) -> dict[str, Any]:
+        """The msg fields of the message directory `path` (relative to `dir_fd` when
+        given: a short path lookup when a caller reads many, as start-up reads que/).
+        Raises OSError, or ValueError when it is not a JSON object."""
+        raw = read_small(os.path.join(path, "msg"), dir_fd, regular=True)  # RQ writes it
+        try:
+            data = jsonwire.loads(raw)  # the stdlib's C scanner, without json.loads' detour
+        except ValueError:  # not UTF-8 (json.loads also reads UTF-16 and -32) or no JSON
+            data = json.loads(raw)
         if not isinstance(data, dict):
             raise ValueError("msg is not a JSON object")
         return data

@@ -10,15 +10,13 @@ takes no lock.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import time
-from typing import Any
 
-from rq import jsonwire, proc
-from rq.fsops import read_json, read_small, unlink_quiet
+from rq import proc
+from rq.fsops import read_json, unlink_quiet
 from rq.queue.index import QueItem, que_item
 from rq.queue.leases import Leases
 from rq.queue.state import QueueState
@@ -47,8 +45,8 @@ def recover(state: QueueState, leases: Leases) -> None:
 def que_items(store: Store, now: float) -> list[QueItem]:
     """The index entries of every que/ message, read once at start (a message without a
     usable due gets `now`, written back).  A million queued messages cost a million
-    small reads: each is opened relative to que/ (a short path lookup) and its JSON
-    goes through the stdlib's C scanner (issue 15, bench/restart.py)."""
+    small reads: each is opened relative to que/, a short path lookup (issue 15,
+    bench/restart.py)."""
     items: list[QueItem] = []
     qdir = store.state_dir("que")
     try:
@@ -58,7 +56,7 @@ def que_items(store: Store, now: float) -> list[QueItem]:
     try:
         for msg_id in store.list_flat("que"):
             try:
-                fields = read_msg_at(dir_fd, msg_id)
+                fields = store.read_msg(msg_id, dir_fd)
             except (OSError, ValueError) as exc:
                 log.warning("skipping unreadable message que/%s: %s", msg_id, exc)
                 continue
@@ -73,18 +71,6 @@ def que_items(store: Store, now: float) -> list[QueItem]:
     finally:
         os.close(dir_fd)
     return items
-
-
-def read_msg_at(dir_fd: int, msg_id: str) -> dict[str, Any]:
-    """Store.read_msg of que/<msg_id> through the que/ directory's descriptor."""
-    data = read_small(msg_id + "/msg", dir_fd, regular=True)  # RQ writes it: a file
-    try:
-        fields = jsonwire.loads(data)
-    except ValueError:  # not UTF-8 (json.loads also reads UTF-16 and -32) or no JSON
-        fields = json.loads(data)
-    if not isinstance(fields, dict):
-        raise ValueError("msg is not a JSON object")
-    return fields
 
 
 def requeue_running(state: QueueState, msg_id: str) -> None:
