@@ -192,8 +192,7 @@ def full_messages(spark: Any, opts: Options, clock: float
     files = extract.list_inputs(spark, list(opts.inputs), opts.since, opts.until)
     readable = [f for f in files if f.size > 0]
     stages = {"compact": round(time.monotonic() - clock, 3)}
-    checked = T.check_lines(extract.read_lines(spark, readable)) if readable else \
-        T.check_lines(extract.read_lines(spark, []))
+    checked = T.check_lines(extract.read_lines(spark, readable))
     if readable:
         checked = checked.observe(observed, *T.line_count_columns())
     messages = T.message_table(T.window_events(checked, opts.since, opts.until))
