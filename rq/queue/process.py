@@ -107,10 +107,8 @@ class QueueProcess:
                    and not self.group_kills):
             self.run_once(self.next_timeout())
         self.server.close()
+        self.state.close()  # the que/ index for the next start among what it leaves
         self.remove_pid_file()
-        self.state.events.close()
-        if self.state.store.spares is not None:
-            self.state.store.spares.close()
         log.info("queue %s stopped", self.name)
         return 0
 

@@ -17,6 +17,7 @@ import time
 
 from rq import proc
 from rq.fsops import read_json, unlink_quiet
+from rq.queue import snapshot
 from rq.queue.index import QueItem, que_item
 from rq.queue.leases import Leases
 from rq.queue.state import QueueState
@@ -32,7 +33,10 @@ def recover(state: QueueState, leases: Leases) -> None:
     for msg_id in store.list_flat("run"):
         if not leases.recover(msg_id, store.msg_path("run", msg_id), time.time()):
             requeue_running(state, msg_id)  # an unexpired pull lease stays in run/
-    state.index.load_que(que_items(store, now))
+    saved = snapshot.load(store)  # after the requeues above: they refuse it (ctime)
+    if saved is not None:
+        log.info("read %d queued messages from the index of the last stop", len(saved))
+    state.index.load_que(que_items(store, now) if saved is None else saved)
     try:  # a deletion killed between its rename and its rmtree (rq.queue.bulkmove)
         if store.remove_hidden():
             log.info("removed the leftovers of an interrupted deletion")

@@ -29,6 +29,7 @@ from rq.errors import Fail, RQError
 from rq.events import EventLog
 from rq.fsops import FsOps, read_json
 from rq.queue import jobs as J
+from rq.queue import snapshot
 from rq.queue.index import Index, QueItem
 from rq.queue.retry import Unfinished
 from rq.store import Store
@@ -395,6 +396,15 @@ class QueueState:
             log.warning("status update failed: %s", exc)
 
     # ================================================================ counts (S7.3)
+    def close(self) -> None:
+        """The end of a graceful stop (S2.5), once nothing moves any more: the event log and
+        the spare inodes closed, and the que/ index left for the next start (S2.7)."""
+        self.events.close()
+        if self.store.spares is not None:
+            self.store.spares.close()
+        if len(self.index.order) == len(self.index.que):  # dups are entries of both
+            snapshot.save(self.store, self.index.order, len(self.index.que))
+
     def count_finished(self) -> dict[str, int]:
         return {"done": self.store.count_hashed("done"),
                 "relayed": self.store.count_hashed("relayed"),

@@ -1,0 +1,168 @@
+"""The que/ index a clean stop leaves for the next start (rq.queue.snapshot; S2.5, S2.7,
+issue 15: a restart with a million queued messages).  The file is used only while que/ is
+the directory it describes and the file is whole; otherwise every msg is read, as before."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from rqtest import QueueProc, make_queue, wait_for
+
+from rq.queue import recovery, snapshot
+from rq.store import Store
+
+N = snapshot.MIN_ENTRIES + 200
+
+
+def msg_id(i: int) -> str:
+    return f"20240101.0000.{i // 1000 % 60:02d}.{i % 1000:03d}.{1000000 + i}"
+
+
+def write_que(qdir: Path, n: int, seed: int = 1) -> list[str]:
+    """n que/ID/msg files with the variety the index holds: float and integer dues, other
+    dests, params with JSON's hard characters, tries; written as RQ writes them (compact)."""
+    rng = random.Random(seed)
+    odd = ["", "a\tb", "line\nbreak", 'q"uote\\', "ünï €", "\u2028", "x" * 300]
+    ids = []
+    for i in range(n):
+        mid = msg_id(i)
+        fields: dict[str, Any] = {"msg_id": mid, "dest": rng.choice(["q", "http://h:1/q/x"]),
+                                  "due": rng.choice([1700000000 + i, 1700000000.25 + i]),
+                                  "count": rng.choice([0, 0, 3, 14]), "max_count": 15}
+        if i % 3:
+            for k in range(1, 5):
+                if rng.random() < 0.6:
+                    fields[f"param{k}"] = rng.choice(odd)
+        d = qdir / "que" / mid
+        d.mkdir(parents=True)
+        (d / "msg").write_text(json.dumps(fields, separators=(",", ":"), ensure_ascii=False))
+        ids.append(mid)
+    return ids
+
+
+def scanned(store: Store) -> list[Any]:
+    return sorted(recovery.que_items(store, time.time()))
+
+
+def saved_store(root: Path, n: int = N) -> tuple[Store, Path]:
+    qdir = make_queue(root, "q", "/bin/true")
+    write_que(qdir, n)
+    store = Store(str(root), "q")
+    assert snapshot.save(store, scanned(store), n)
+    return store, qdir / snapshot.NAME
+
+
+# ---------------------------------------------------------------- the file on its own
+def test_the_saved_index_equals_a_full_read_and_serves_one_start(root: Path) -> None:
+    store, path = saved_store(root)
+    assert path.is_file()
+    loaded = snapshot.load(store)
+    assert loaded is not None and loaded == scanned(store)  # every field of every entry
+    assert {item.seq for item in loaded} == {0}  # found at start (S5.6), as a full read
+    assert not path.exists()
+    assert snapshot.load(store) is None  # one stop, one start
+
+
+def test_any_change_of_que_after_the_stop_refuses_the_index(root: Path) -> None:
+    store, path = saved_store(root)
+    que = root / "queue" / "q" / "que"
+    changes = [
+        lambda: (que / msg_id(N + 1)).mkdir(),                           # a message added
+        lambda: os.rename(que / msg_id(3), root / "queue" / "q" / "err" / msg_id(3)),
+        lambda: os.rename(que / msg_id(4), que / msg_id(N + 2)),          # renamed
+        lambda: os.utime(que),                                           # touched
+    ]
+    for change in changes:
+        assert snapshot.save(store, scanned(store), len(scanned(store)))
+        change()
+        assert snapshot.load(store) is None
+        assert not path.exists()
+
+
+def test_a_damaged_index_is_refused_as_a_whole(root: Path) -> None:
+    store, path = saved_store(root)
+    good = path.read_bytes()
+    lines = good.splitlines(keepends=True)
+    damaged = {
+        "torn": good[:len(good) // 2],
+        "no trailer": b"".join(lines[:-1]),
+        "flipped byte": good.replace(b'"q"', b'"r"', 1),
+        "line dropped": b"".join(lines[:5] + lines[6:]),
+        "after trailer": good + lines[3],
+        "other version": good.replace(b"rq-que-index 1", b"rq-que-index 9", 1),
+        "empty": b"",
+    }
+    for what, data in damaged.items():
+        assert data != good
+        path.write_bytes(data)
+        os.utime(path)  # not que/: the header still matches for all but "empty"
+        assert snapshot.load(store) is None, what
+    path.write_bytes(good)
+    assert snapshot.load(store) == scanned(store)
+
+
+def test_a_small_queue_writes_no_index(root: Path) -> None:
+    qdir = make_queue(root, "q", "/bin/true")
+    write_que(qdir, snapshot.MIN_ENTRIES - 1)
+    store = Store(str(root), "q")
+    (qdir / snapshot.NAME).write_text("left by an earlier stop")
+    assert not snapshot.save(store, scanned(store), snapshot.MIN_ENTRIES - 1)
+    assert not (qdir / snapshot.NAME).exists()
+
+
+# ---------------------------------------------------------------- the queue process
+def listing(q: QueueProc) -> list[dict[str, Any]]:
+    return q.call("messages", {"state": "que", "limit": 10 * N})
+
+
+def used_index(root: Path, count: int) -> int:
+    """How many starts so far logged reading `count` entries from the last stop's index."""
+    text = (root / "log" / "queuemgr.log").read_text()
+    return text.count(f"read {count} queued messages from the index of the last stop")
+
+
+def test_a_restart_after_a_clean_stop_reads_the_index_and_after_a_crash_every_msg(
+        root: Path) -> None:
+    qdir = make_queue(root, "q", "/bin/true")
+    write_que(qdir, N)
+    (root / "config" / "q.pause").touch()  # nothing starts: que/ stays as written
+    q = QueueProc(root, "q")
+    full = listing(q)
+    assert len(full) == N and used_index(root, N) == 0
+    assert q.stop() == 0
+    assert (qdir / snapshot.NAME).is_file()
+
+    q = QueueProc(root, "q")  # after the clean stop
+    try:
+        assert used_index(root, N) == 1 and not (qdir / snapshot.NAME).exists()
+        assert listing(q) == full and q.counts()["que"] == N
+        # the index is read at start only: a crash now leaves none behind
+    finally:
+        q.kill()
+    assert not (qdir / snapshot.NAME).exists()
+    q = QueueProc(root, "q")  # after the crash: every msg read
+    try:
+        assert used_index(root, N) == 1 and listing(q) == full
+    finally:
+        assert q.stop() == 0
+
+    # A message a user moves into que/ while the queue is stopped refuses the index, even
+    # right after the stop (the stop outlasts the clock's step of que/'s ctime).
+    extra = root / "queue" / "q" / "prep" / msg_id(N + 5)
+    extra.mkdir()
+    (extra / "msg").write_text(json.dumps({"msg_id": msg_id(N + 5), "dest": "q",
+                                           "due": 1, "count": 0, "max_count": 15}))
+    os.rename(extra, qdir / "que" / msg_id(N + 5))
+    q = QueueProc(root, "q")
+    try:
+        wait_for(lambda: q.counts()["que"] == N + 1, 10, what="the added message counted")
+        assert used_index(root, N) == 1 and used_index(root, N + 1) == 0
+        assert listing(q)[0]["msg_id"] == msg_id(N + 5)  # due 1: first
+    finally:
+        assert q.stop() == 0
+    assert (qdir / snapshot.NAME).is_file()  # this stop wrote a fresh one
