@@ -258,6 +258,9 @@ def main() -> int:
         print(f"  {label:36} {median(rates):7.0f} {runs:20} {cpu:6.2f}  "
               f"{median(rates) / base_rate:5.2f}")
     print(f"  the queue process's CPU per 1k messages of --stdin: {median(QUEUE_CPU[1:]):.2f} s")
+    pairs = [r / t for (r, _), (t, _) in zip(results["stdin"], results["tsp"])]
+    print(f"  --stdin / tsp per run (each tsp trial and the --stdin trial right after it): "
+          f"{fmt_runs(pairs, '{:.2f}')}")
     print("  target: rq sendmesg --stdin >= 2x the tsp shell loop")
     return 0
 
