@@ -87,14 +87,15 @@ def test_any_change_of_que_after_the_stop_refuses_the_index(root: Path) -> None:
 def test_a_damaged_index_is_refused_as_a_whole(root: Path) -> None:
     store, path = saved_store(root)
     good = path.read_bytes()
-    lines = good.splitlines(keepends=True)
+    end = len(good) - snapshot.BLOCK.size
+    mid = len(good) // 2
     damaged = {
-        "torn": good[:len(good) // 2],
-        "no trailer": b"".join(lines[:-1]),
-        "flipped byte": good.replace(b'"q"', b'"r"', 1),
-        "line dropped": b"".join(lines[:5] + lines[6:]),
-        "after trailer": good + lines[3],
-        "other version": good.replace(b"rq-que-index 1", b"rq-que-index 9", 1),
+        "torn": good[:mid],
+        "no end mark": good[:end],
+        "flipped byte": good[:mid] + bytes([good[mid] ^ 1]) + good[mid + 1:],
+        "count changed": good[:end] + snapshot.BLOCK.pack(0, N - 1),
+        "after the end": good + good[-20:],
+        "other format": good.replace(snapshot.MAGIC, b"rq-que-index 9", 1),
         "empty": b"",
     }
     for what, data in damaged.items():

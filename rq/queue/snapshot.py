@@ -13,9 +13,10 @@ provably the directory it describes, and it describes one stop only.
   which no user can set; a run/ message requeued at start (recovery) does too.  `save`
   returns only once the clock has passed the recorded ctime by more than the kernel's
   timestamp granularity, so a later change cannot carry the same ctime.
-* Its body is one compact JSON array per entry in scheduling order, then a trailer with the
-  count and the CRC-32 of the body: a torn or damaged file (a crash while it was written; no
-  fsync is needed for that) is refused as a whole.
+* Its body is the entries in scheduling order, in blocks of CHUNK, each with its length and
+  CRC-32, then an end mark with the count: a torn or damaged file (a crash while it was
+  written; no fsync is needed for that) is refused as a whole, and a block is checked before
+  it is unmarshalled.
 * `load` removes the file before it returns, whatever it decided: the next start after a
   crash reads que/ in full.
 A queue with fewer than MIN_ENTRIES queued messages writes none: its full read costs less
@@ -27,24 +28,26 @@ queue runs.  README, conformance notes.
 from __future__ import annotations
 
 import logging
+import marshal
 import os
-import sys
+import struct
 import time
 import zlib
 from collections.abc import Iterable
+from typing import BinaryIO
 
-from rq import jsonwire
 from rq.fsops import unlink_quiet
-from rq.queue.index import NO_PARAMS, QueItem
+from rq.queue.index import QueItem
 from rq.store import Store
 
 log = logging.getLogger(__name__)
 
 NAME = ".que-index"
-MAGIC = b"rq-que-index 1"
+MAGIC = b"rq-que-index 2"
 MIN_ENTRIES = 1000
 TICK = 0.025  # > the coarse clock's step of file times (1 jiffy: 4 ms at HZ=250, 10 at 100)
-CHUNK = 4096  # lines per write
+CHUNK = 4096  # entries per block
+BLOCK = struct.Struct("<II")  # a block's length and CRC-32; (0, count) ends the file
 
 
 def identity(path: str) -> tuple[int, ...]:
@@ -53,25 +56,25 @@ def identity(path: str) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_nlink)
 
 
-def encode(item: QueItem) -> bytes:
-    due = int(item.due) if item.due.is_integer() else item.due
-    fields = [due, item.msg_id, item.dest]
-    if item.params != NO_PARAMS:
-        fields.extend(item.params)
-    fields.append(item.tries)
-    return jsonwire.dumps(fields).encode() + b"\n"
+def header(ident: tuple[int, ...]) -> bytes:
+    """The first line: the format (marshal's, which depends on the interpreter's marshal
+    version only) and que/'s identity."""
+    return b" ".join([MAGIC, b"%d" % marshal.version, *(b"%d" % v for v in ident)]) + b"\n"
 
 
-def decode(line: bytes) -> QueItem:
-    """The entry of one body line (seq 0: found at start, S5.6); ValueError when damaged."""
-    v = jsonwire.loads(line)
-    if not isinstance(v, list) or len(v) not in (4, 8):
-        raise ValueError("not an entry")
-    params = NO_PARAMS if len(v) == 4 else tuple(v[3:7])
-    if not all(isinstance(p, str) for p in params) or not isinstance(v[1], str) \
-            or not isinstance(v[2], str) or not isinstance(v[-1], int):
-        raise ValueError("not an entry")
-    return QueItem(float(v[0]), v[1], sys.intern(v[2]), params, v[-1], 0)  # type: ignore[arg-type]
+def encode(items: list[QueItem]) -> bytes:
+    """One block: the entries as plain tuples (due, id, dest, params, tries), marshalled
+    (the C loader is 4x faster than a JSON line each; equal strings in a block are stored
+    once, so the dests and the empty params of a block stay shared objects)."""
+    data = marshal.dumps(tuple(item[:5] for item in items))
+    return BLOCK.pack(len(data), zlib.crc32(data)) + data
+
+
+def decode(data: bytes) -> list[QueItem]:
+    """The entries of one checked block (seq 0: found at start, S5.6); ValueError or
+    TypeError when it holds anything else."""
+    return [QueItem(due, msg_id, dest, params, tries, 0)
+            for due, msg_id, dest, params, tries in marshal.loads(data)]
 
 
 def save(store: Store, items: Iterable[QueItem], count: int) -> bool:
@@ -85,23 +88,22 @@ def save(store: Store, items: Iterable[QueItem], count: int) -> bool:
     tmp = path + ".tmp"
     try:
         ident = identity(store.state_dir("que"))
-        crc, n = 0, 0
+        n = 0
         with open(tmp, "wb") as f:
-            f.write(MAGIC + b" " + b" ".join(b"%d" % v for v in ident) + b"\n")
-            lines: list[bytes] = []
+            f.write(header(ident))
+            block: list[QueItem] = []
             for item in items:
-                lines.append(encode(item))
-                if len(lines) >= CHUNK:
-                    block = b"".join(lines)
-                    crc, n, lines = zlib.crc32(block, crc), n + len(lines), []
-                    f.write(block)
-            block = b"".join(lines)
-            crc, n = zlib.crc32(block, crc), n + len(lines)
-            f.write(block + b"end %d %08x\n" % (n, crc))
+                block.append(item)
+                if len(block) >= CHUNK:
+                    f.write(encode(block))
+                    n, block = n + len(block), []
+            if block:
+                f.write(encode(block))
+            f.write(BLOCK.pack(0, n + len(block)))
         if identity(store.state_dir("que")) != ident:
             raise OSError("que/ changed while its index was written")
         os.rename(tmp, path)
-    except (OSError, ValueError) as exc:  # ValueError: a due JSON cannot hold (inf)
+    except (OSError, ValueError) as exc:
         unlink_quiet(tmp)
         log.warning("cannot write the que/ index for the next start: %s", exc)
         return False
@@ -128,28 +130,28 @@ def load(store: Store) -> list[QueItem] | None:
         unlink_quiet(path)
 
 
-def _read(f: Iterable[bytes], store: Store) -> list[QueItem] | None:
-    lines = iter(f)
-    header = next(lines, b"").split()
+def _read(f: BinaryIO, store: Store) -> list[QueItem] | None:
+    first = f.readline(512)
     try:
         ident = identity(store.state_dir("que"))
     except OSError:
         return None
-    if b" ".join(header[:2]) != MAGIC or header[2:] != [b"%d" % v for v in ident]:
+    if first != header(ident):
         log.info("que/ changed since the last stop: reading every queued message")
         return None
     items: list[QueItem] = []
-    crc = 0
     try:
-        for line in lines:
-            if line.startswith(b"end "):
-                n, want = line.split()[1:]
-                if int(n) == len(items) and int(want, 16) == crc and next(lines, None) is None:
+        while True:
+            length, crc = BLOCK.unpack(f.read(BLOCK.size))
+            if length == 0:
+                if crc == len(items) and f.read(1) == b"":
                     return items
                 break
-            crc = zlib.crc32(line, crc)
-            items.append(decode(line))
-    except (ValueError, UnicodeDecodeError):
+            data = f.read(length)
+            if len(data) != length or zlib.crc32(data) != crc:
+                break
+            items.extend(decode(data))
+    except (ValueError, TypeError, EOFError, struct.error):
         pass
     log.warning("the que/ index %s is damaged: reading every queued message", NAME)
     return None
