@@ -167,3 +167,22 @@ def test_a_restart_after_a_clean_stop_reads_the_index_and_after_a_crash_every_ms
     finally:
         assert q.stop() == 0
     assert (qdir / snapshot.NAME).is_file()  # this stop wrote a fresh one
+
+
+def test_no_index_when_que_changed_after_the_clock(root: Path) -> None:
+    """A que/ whose last change is dated after now (the clock was set back since) could be
+    changed again with the same ctime: no index is left, and the stop does not wait."""
+    qdir = make_queue(root, "q", "/bin/true")
+    write_que(qdir, N)
+    store = Store(str(root), "q")
+    items = scanned(store)
+    clock = time.time
+    try:
+        time.time = lambda: clock() - 3600  # type: ignore[assignment]  # the OS seam: the clock
+        t0 = clock()
+        assert not snapshot.save(store, items, N)
+        assert clock() - t0 < 5
+    finally:
+        time.time = clock  # type: ignore[assignment]
+    assert not (qdir / snapshot.NAME).exists()
+    assert snapshot.save(store, items, N) and (qdir / snapshot.NAME).exists()

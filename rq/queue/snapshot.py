@@ -108,6 +108,9 @@ def save(store: Store, items: Iterable[QueItem], count: int) -> bool:
         log.warning("cannot write the que/ index for the next start: %s", exc)
         return False
     wait = ident[2] / 1e9 + TICK - time.time()
+    if wait > TICK:  # que/ changed "in the future": the clock was set back; no index
+        unlink_quiet(path)
+        return False
     if wait > 0:
         time.sleep(wait)  # a later change of que/ gets a later ctime than the one recorded
     return True
