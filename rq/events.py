@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 SIDECAR = ".torn-"      # QUEUE.jsonl.torn-OFFSET[.N]: the bad bytes found at OFFSET
 SCAN_CHUNK = 64 * 1024  # bytes read from the end per step of the backward scan
+DAY = 86400  # seconds in a UTC day of the file names
 
 FIELDS = ("ts", "host", "queue", "msg_id", "from", "to", "status", "count", "pid",
           "exit_code", "duration")
@@ -66,6 +67,7 @@ class EventLog:
         self._lock = threading.Lock()
         self._day = ""
         self._fd = -1
+        self._day_end = 0.0  # the open file's day ends here (UTC days are whole 86,400 s)
 
     def log(self, msg_id: str, frm: str | None, to: str, *, status: str | None = None,
             count: int | None = None, pid: int | None = None, exit_code: int | None = None,
@@ -90,6 +92,8 @@ class EventLog:
         return payload
 
     def _fd_for(self, now: float) -> int:
+        if self._fd >= 0 and self._day_end - DAY <= now < self._day_end:
+            return self._fd  # no gmtime and strftime for each event (issue 15)
         day = time.strftime("%Y%m%d", time.gmtime(now))
         if day != self._day or self._fd < 0:
             self._close()
@@ -103,6 +107,7 @@ class EventLog:
                 os.close(fd)  # nothing is appended after bad bytes: retried at the next event
                 raise
             self._fd, self._day = fd, day
+        self._day_end = now - now % DAY + DAY
         return self._fd
 
     def _close(self) -> None:

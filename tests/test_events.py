@@ -171,3 +171,24 @@ def test_fsck_reports_torn_tails_and_sidecars(tmp_path: Path) -> None:
         f"note: log/events/{day}/q.jsonl.torn-{size - 11}: 11 bad byte(s) moved aside from a "
         "torn event-log tail, kept for inspection\n"
         "fsck: 0 queue(s), 0 message(s): OK\n")
+
+
+def test_s13_1_each_event_goes_to_the_file_of_its_utc_day(tmp_path: Path) -> None:
+    """Across midnight and back (an event dated earlier, as a recovery may write): the
+    writer keeps today's file open between events but never writes into another day's."""
+    log = EventLog(str(tmp_path), "h", "q")
+    midnight = 1795392000.0  # 2026-11-23 00:00:00 UTC
+    stamps = [midnight - 0.002, midnight - 0.001, midnight, midnight + 0.5, midnight - 30,
+              midnight + 86399.999, midnight + 86400, midnight + 1]
+    for n, ts in enumerate(stamps):
+        log.log(f"20261122.0000.00.00{n}.1", None, "prep", ts=ts)
+    log.close()
+    days: dict[str, list[float]] = {}
+    for path in sorted((tmp_path / "log" / "events").glob("*/q.jsonl")):
+        for line in path.read_bytes().splitlines(keepends=True):
+            event = decode_line(line)
+            assert event is not None
+            days.setdefault(path.parent.name, []).append(event["ts"])
+    assert days == {"20261122": [midnight - 0.002, midnight - 0.001, midnight - 30],
+                    "20261123": [midnight, midnight + 0.5, midnight + 86399.999, midnight + 1],
+                    "20261124": [midnight + 86400]}
