@@ -133,6 +133,26 @@ class QueueProc:
         return reply[1]
 
 
+def interrupt(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGINT, as a user's Ctrl-C, and what the watcher (`rq watch`) printed.  One that does
+    not stop is killed (never left running into the next test) and the failure says where
+    each of its threads was and what became of the signal (caught, ignored, pending)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        base = Path(f"/proc/{proc.pid}")
+        where = [f"{t.name}: {(t / 'wchan').read_text(errors='replace')} "
+                 f"{(t / 'stat').read_text(errors='replace').strip()}"
+                 for t in sorted((base / "task").iterdir())]
+        where += [line for line in (base / "status").read_text().splitlines()
+                  if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))]
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"rq watch ignored SIGINT for 30 s (in {where}); "
+                             f"stdout {out!r} stderr {err!r}") from None
+
+
 def read_events(root: Path, queue: str | None = None) -> list[dict[str, Any]]:
     from rq.events import decode_line
     out = []

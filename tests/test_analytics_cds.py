@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 JAVA = shutil.which("java") is not None
-pytestmark = pytest.mark.skipif(not JAVA, reason="Java 17+ is not installed: Spark cannot run")
+pytestmark = [pytest.mark.timeout(900),  # three JVMs, one dumping its archive: 159 s at load 4
+              pytest.mark.skipif(not JAVA, reason="Java 17+ is not installed: Spark cannot run")]
 
 # argv: JVM options ("{n}" is the session's number), sessions, JVM log, cache directory.
 # After each session one JSON line: the cache directory's entries (name -> [size, inode]).

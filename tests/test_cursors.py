@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import REPO, make_queue, read_events, wait_for
+from rqtest import REPO, interrupt, make_queue, read_events, wait_for
 from webtest import Mgr, build_root, rq_mgr
 
 from rq import client, protocol
@@ -403,21 +403,6 @@ def rq(root: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
 def watch(root: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "rq", "--root", str(root), "watch", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-
-
-def interrupt(proc: subprocess.Popen[str]) -> tuple[str, str]:
-    """SIGINT, as a user's Ctrl-C, and what the watcher printed; one that does not stop is
-    killed (never left running into the next test) and the failure says where it was."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        return proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        where = [Path(f"/proc/{proc.pid}/{name}").read_text(errors="replace").strip()
-                 for name in ("wchan", "stat")]
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"rq watch ignored SIGINT for 30 s (in {where}); "
-                             f"stdout {out!r} stderr {err!r}") from None
 
 
 def lines_of(proc: subprocess.Popen[str], n: int) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import REPO, make_queue, read_events, wait_for
+from rqtest import REPO, interrupt, make_queue, read_events, wait_for
 from webtest import Mgr, build_root
 
 from rq import client, protocol
@@ -412,8 +412,7 @@ def test_s19_rq_watch_prints_events_and_exits_0_on_sigint(mgr_root: Path) -> Non
     assert client_wait
     proc = rq(root, "watch", "--pattern", "nope,test", "--since", str(since - 0.5))
     lines = read_lines(proc, 4, until=f"{short} run -> done")
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    out, err = interrupt(proc)
     assert proc.returncode == 0, err
     assert err == ""
     mine = [line for line in lines if short in line]
@@ -431,8 +430,7 @@ def test_s19_rq_watch_json(mgr_root: Path) -> None:
     send(root, "deep")
     proc = rq(root, "watch", "--pattern", "video.#", "--json", "--since", str(since))
     lines = read_lines(proc, 2)
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=30)
+    interrupt(proc)
     assert proc.returncode == 0
     events = [json.loads(line) for line in lines]
     assert [(e["queue"], e["topic"], e["to"]) for e in events] == \
