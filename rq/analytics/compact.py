@@ -27,6 +27,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from rq.analytics import extract, load, manifest
 from rq.analytics import transform as T
+from rq.analytics.session import PARQUET_WEIGHT, AnalyticsError
 
 CHECKED_SCHEMA = StructType([StructField("reason", StringType()), StructField("pos", LongType()),
                              *[f for f in T.EVENT_SCHEMA.fields if f.name != T.CORRUPT]])
@@ -92,6 +93,51 @@ def plan_day(plan: Plan, book: dict[str, Any], out: str, events_dir: str, day: s
     else:
         plan.raw += files
         plan.files += len(files)
+
+
+def input_bytes(inputs: list[str], since: float | None, until: float | None, out: str,
+                full: bool) -> int | None:
+    """What a run will read, known before its JVM starts (session.driver_java_options): the
+    sizes of the raw event-log files it lists, a fresh compacted day counting as its Parquet
+    files instead (plus the per-message state), each Parquet byte PARQUET_WEIGHT times, unless
+    `full`; None when an input is remote (listed only through the JVM) or cannot be listed
+    (the run then says why)."""
+    book = manifest.load_manifest(out)
+    total = 0
+    for uri in inputs:
+        if not extract.is_local(uri):
+            return None
+        try:
+            events_dir = extract.events_dir_local(extract.local_path(uri))
+            days = group_by_day(extract.list_local(uri, since, until))
+        except (AnalyticsError, OSError):
+            return None
+        tree = book["trees"].get(manifest.events_key(events_dir), {"days": {}})
+        for day in [] if full else tree["days"]:  # raw days removed after compaction
+            if extract.day_wanted(day, since, until):
+                days.setdefault((events_dir, day), [])
+        for (_, day), files in days.items():
+            entry = manifest.day_entry(book, events_dir, day)
+            if not full and entry and manifest.day_fresh(entry, os.path.join(events_dir, day),
+                                                         out):
+                total += PARQUET_WEIGHT * tree_bytes(os.path.join(out, entry["dir"]))
+            else:
+                total += sum(f.size for f in files)
+    if not full and book.get("state"):
+        total += PARQUET_WEIGHT * tree_bytes(os.path.join(out, book["state"]["dir"]))
+    return total
+
+
+def tree_bytes(path: str) -> int:
+    """The sizes of the files under `path` (0 when it is gone)."""
+    total = 0
+    for top, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(top, name)).st_size
+            except OSError:
+                pass
+    return total
 
 
 def compact(spark: SparkSession, out: str,
