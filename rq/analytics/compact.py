@@ -100,31 +100,35 @@ def input_bytes(inputs: list[str], since: float | None, until: float | None, out
     """What a run will read, known before its JVM starts (session.driver_java_options): the
     sizes of the raw event-log files it lists, a fresh compacted day counting as its Parquet
     files instead (plus the per-message state), each Parquet byte PARQUET_WEIGHT times, unless
-    `full`; None when an input is remote (listed only through the JVM) or cannot be listed
-    (the run then says why)."""
-    book = manifest.load_manifest(out)
+    `full`; None when an input is remote (listed only through the JVM) or anything fails here
+    (a missing input, files removed meanwhile: the run itself then says what is wrong)."""
+    if not all(extract.is_local(uri) for uri in inputs):
+        return None
+    try:
+        book = manifest.load_manifest(out)
+        total = sum(tree_input_bytes(book, uri, since, until, out, full) for uri in inputs)
+        if not full and book.get("state"):
+            total += PARQUET_WEIGHT * tree_bytes(os.path.join(out, book["state"]["dir"]))
+    except (AnalyticsError, OSError, LookupError, TypeError, ValueError):
+        return None
+    return total
+
+
+def tree_input_bytes(book: dict[str, Any], uri: str, since: float | None, until: float | None,
+                     out: str, full: bool) -> int:
+    events_dir = extract.events_dir_local(extract.local_path(uri))
+    days = group_by_day(extract.list_local(uri, since, until))
+    tree = book["trees"].get(manifest.events_key(events_dir), {"days": {}})
+    for day in [] if full else tree["days"]:  # raw days removed after compaction
+        if extract.day_wanted(day, since, until):
+            days.setdefault((events_dir, day), [])
     total = 0
-    for uri in inputs:
-        if not extract.is_local(uri):
-            return None
-        try:
-            events_dir = extract.events_dir_local(extract.local_path(uri))
-            days = group_by_day(extract.list_local(uri, since, until))
-        except (AnalyticsError, OSError):
-            return None
-        tree = book["trees"].get(manifest.events_key(events_dir), {"days": {}})
-        for day in [] if full else tree["days"]:  # raw days removed after compaction
-            if extract.day_wanted(day, since, until):
-                days.setdefault((events_dir, day), [])
-        for (_, day), files in days.items():
-            entry = manifest.day_entry(book, events_dir, day)
-            if not full and entry and manifest.day_fresh(entry, os.path.join(events_dir, day),
-                                                         out):
-                total += PARQUET_WEIGHT * tree_bytes(os.path.join(out, entry["dir"]))
-            else:
-                total += sum(f.size for f in files)
-    if not full and book.get("state"):
-        total += PARQUET_WEIGHT * tree_bytes(os.path.join(out, book["state"]["dir"]))
+    for (_, day), files in days.items():
+        entry = manifest.day_entry(book, events_dir, day)
+        if not full and entry and manifest.day_fresh(entry, os.path.join(events_dir, day), out):
+            total += PARQUET_WEIGHT * tree_bytes(os.path.join(out, entry["dir"]))
+        else:
+            total += sum(f.size for f in files)
     return total
 
 
