@@ -31,7 +31,8 @@ JAVA = shutil.which("java") is not None
 DAY = 86400
 
 
-def test_small_local_inputs_get_the_warmup_options_and_the_rest_the_throughput_ones() -> None:
+def test_small_local_inputs_get_the_warmup_options_and_the_rest_the_throughput_ones(
+        tmp_path: Path) -> None:
     assert WARMUP_OPTIONS == "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
     assert THROUGHPUT_OPTIONS == "-XX:+UseParallelGC"
     assert (WARMUP_BYTES, PARQUET_WEIGHT) == (128 << 20, 3)  # docs/benchmarks.md, 2026-11-27
@@ -55,9 +56,9 @@ def test_small_local_inputs_get_the_warmup_options_and_the_rest_the_throughput_o
     assert driver_java_options("local[*]", 10, "-XX:+UseSerialGC -XX:TieredStopAtLevel=1") == ""
     assert driver_java_options("local[*]", 10, "-Dx=1 -Xss4m -XX:+UseCompressedOops") == \
         WARMUP_OPTIONS
-    conf = default_conf("local[2]", "/tmp/x", 1000)
+    conf = default_conf("local[2]", str(tmp_path), 1000)
     assert conf["spark.driver.extraJavaOptions"] == WARMUP_OPTIONS
-    assert default_conf("local[2]", "/tmp/x")["spark.driver.extraJavaOptions"] == \
+    assert default_conf("local[2]", str(tmp_path))["spark.driver.extraJavaOptions"] == \
         THROUGHPUT_OPTIONS
 
 
