@@ -27,6 +27,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from rq.analytics import extract, load, manifest
 from rq.analytics import transform as T
+from rq.analytics.session import PARQUET_WEIGHT, AnalyticsError
 
 CHECKED_SCHEMA = StructType([StructField("reason", StringType()), StructField("pos", LongType()),
                              *[f for f in T.EVENT_SCHEMA.fields if f.name != T.CORRUPT]])
@@ -92,6 +93,55 @@ def plan_day(plan: Plan, book: dict[str, Any], out: str, events_dir: str, day: s
     else:
         plan.raw += files
         plan.files += len(files)
+
+
+def input_bytes(inputs: list[str], since: float | None, until: float | None, out: str,
+                full: bool) -> int | None:
+    """What a run will read, known before its JVM starts (session.driver_java_options): the
+    sizes of the raw event-log files it lists, a fresh compacted day counting as its Parquet
+    files instead (plus the per-message state), each Parquet byte PARQUET_WEIGHT times, unless
+    `full`; None when an input is remote (listed only through the JVM) or anything fails here
+    (a missing input, files removed meanwhile: the run itself then says what is wrong)."""
+    if not all(extract.is_local(uri) for uri in inputs):
+        return None
+    try:
+        book = manifest.load_manifest(out)
+        total = sum(tree_input_bytes(book, uri, since, until, out, full) for uri in inputs)
+        if not full and book.get("state"):
+            total += PARQUET_WEIGHT * tree_bytes(os.path.join(out, book["state"]["dir"]))
+    except (AnalyticsError, OSError, LookupError, TypeError, ValueError):
+        return None
+    return total
+
+
+def tree_input_bytes(book: dict[str, Any], uri: str, since: float | None, until: float | None,
+                     out: str, full: bool) -> int:
+    events_dir = extract.events_dir_local(extract.local_path(uri))
+    days = group_by_day(extract.list_local(uri, since, until))
+    tree = book["trees"].get(manifest.events_key(events_dir), {"days": {}})
+    for day in [] if full else tree["days"]:  # raw days removed after compaction
+        if extract.day_wanted(day, since, until):
+            days.setdefault((events_dir, day), [])
+    total = 0
+    for (_, day), files in days.items():
+        entry = manifest.day_entry(book, events_dir, day)
+        if not full and entry and manifest.day_fresh(entry, os.path.join(events_dir, day), out):
+            total += PARQUET_WEIGHT * tree_bytes(os.path.join(out, entry["dir"]))
+        else:
+            total += sum(f.size for f in files)
+    return total
+
+
+def tree_bytes(path: str) -> int:
+    """The sizes of the files under `path` (0 when it is gone)."""
+    total = 0
+    for top, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(top, name)).st_size
+            except OSError:
+                pass
+    return total
 
 
 def compact(spark: SparkSession, out: str,

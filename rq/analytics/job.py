@@ -306,7 +306,14 @@ def execute(root: str | None, flags: Mapping[str, Any], progress_to: TextIO | No
     opts = parse_options(root, flags, time.time())
     log_path = os.path.join(root, "log", "analytics-spark.log") if root and os.path.isdir(
         os.path.join(root, "log")) else None
-    with session.spark_session(opts.master, opts.conf, log_path=log_path) as spark:
+    size = None
+    if opts.master.startswith("local"):  # before the JVM starts: it picks the JVM's options
+        from rq.analytics import compact
+        size = compact.input_bytes(list(opts.inputs), opts.since, opts.until,
+                                   os.path.abspath(opts.output.removeprefix("file://")),
+                                   opts.full)
+    with session.spark_session(opts.master, opts.conf, log_path=log_path,
+                               input_bytes=size) as spark:
         try:
             if progress_to is None:
                 final, result = run(spark, opts)

@@ -3,10 +3,11 @@
 Owns everything that must be decided before the JVM starts: the Java check (one clear error when
 Java 17+ is missing), the environment (`SPARK_LOCAL_IP`, `SPARK_CONF_DIR` pointing at a private
 `log4j2.properties` at level error, `PYSPARK_PYTHON`), the class-data-sharing archive of the
-driver JVM (`cds_options`), the default configuration of
-docs/analytics.md (UI and progress bar off, UTC, small shuffles, serial GC), and keeping the JVM's
-own stdout/stderr out of the user's terminal: while the gateway starts, file descriptors 1 and 2
-point at a log file, so the JVM inherits that file; ours are restored right after.
+driver JVM (`cds_options`), the default configuration of docs/guide/analytics.md (UI and progress
+bar off, UTC, small shuffles; the collector and JIT by the input's size: `driver_java_options`),
+and keeping the JVM's own stdout/stderr out of the user's terminal: while the gateway starts, file
+descriptors 1 and 2 point at a log file, so the JVM inherits that file; ours are restored right
+after.
 """
 
 from __future__ import annotations
@@ -88,8 +89,39 @@ def driver_memory() -> str:
     return f"{max(1, min(8, total // 4 >> 30))}g"
 
 
-def default_conf(master: str, tmpdir: str) -> dict[str, str]:
-    """The quiet, fast configuration (SPARK.md); `--conf` values override it."""
+# The driver JVM's collector and JIT by the size of the run's input (docs/guide/analytics.md,
+# measured in docs/benchmarks.md): the parallel collector and the full JIT (C1 then C2) check
+# and aggregate a large history faster, but their GC and C2 compiler threads cost more CPU than
+# a small run's whole work; the serial collector with C1 only (SPARK.md's warm-up setting) costs
+# half as much on tiny to ~20 MB inputs and the same at ~190 MB of raw event log (or ~70 MB of
+# compacted Parquet, which holds about 3x the work per byte); above that it loses.
+THROUGHPUT_OPTIONS = "-XX:+UseParallelGC"
+WARMUP_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+WARMUP_BYTES = 128 << 20  # of raw event log, a Parquet byte counting PARQUET_WEIGHT
+PARQUET_WEIGHT = 3
+# A collector or JIT tier named in the user's spark.driver.defaultJavaOptions is theirs: ours
+# would follow it on the command line (two collectors stop the JVM; a later tier flag wins).
+USER_GC = re.compile(r"-XX:\+Use\w*GC\b")
+USER_JIT = re.compile(r"-XX:(?:[+-]TieredCompilation\b|TieredStopAtLevel=|CICompilerCount=)")
+
+
+def driver_java_options(master: str, input_bytes: int | None, user_default: str = "") -> str:
+    """The default `spark.driver.extraJavaOptions`: the warm-up options for a local master
+    whose input is known (`input_bytes`, before the JVM starts) and below WARMUP_BYTES, else
+    the throughput options (a cluster master, an input of unknown size, a large one); without
+    the collector or the JIT option when `user_default` (the user's defaultJavaOptions) names
+    one of its own."""
+    small = input_bytes is not None and input_bytes < WARMUP_BYTES
+    options = WARMUP_OPTIONS if master.startswith("local") and small else THROUGHPUT_OPTIONS
+    return " ".join(o for o in options.split()
+                    if not ((USER_GC.search(user_default) and USER_GC.match(o))
+                            or (USER_JIT.search(user_default) and USER_JIT.match(o))))
+
+
+def default_conf(master: str, tmpdir: str, input_bytes: int | None = None,
+                 user_default: str = "") -> dict[str, str]:
+    """The quiet, fast configuration (SPARK.md); `--conf` values override it.  `input_bytes`
+    (None: unknown) and the user's defaultJavaOptions pick the driver's JVM options."""
     cores = os.cpu_count() or 2
     parallel = "2" if master == "local[1]" else str(max(2, 2 * cores))
     loopback = {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
@@ -105,10 +137,7 @@ def default_conf(master: str, tmpdir: str) -> dict[str, str]:
         # In local mode the driver is the executor: a quarter of the RAM (1-8 GiB) keeps the
         # per-message table and the hourly percentile digests in memory.
         "spark.driver.memory": driver_memory(),
-        # The parallel collector and the full JIT: 2-3x faster checks and aggregations than
-        # SPARK.md's warm-up setting (-XX:+UseSerialGC -XX:TieredStopAtLevel=1), which only
-        # pays for tiny inputs (the tests use it).
-        "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
+        "spark.driver.extraJavaOptions": driver_java_options(master, input_bytes, user_default),
         "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
         "spark.sql.files.openCostInBytes": "65536",
         "spark.sql.adaptive.enabled": "true",
@@ -279,11 +308,12 @@ def is_loopback(master: str) -> bool:
 
 
 @contextmanager
-def spark_session(master: str, conf: Mapping[str, str], *,
-                  log_path: str | None = None) -> Iterator[Any]:
+def spark_session(master: str, conf: Mapping[str, str], *, log_path: str | None = None,
+                  input_bytes: int | None = None) -> Iterator[Any]:
     """A SparkSession for `master` with the default conf plus `conf`, stopped (and its temp
     directory removed) on exit.  The JVM's own output goes to `log_path` (default: a file in
-    the temp dir).  Raises AnalyticsError when Java or pyspark is missing."""
+    the temp dir); `input_bytes` is what the run will read, when known (driver_java_options).
+    Raises AnalyticsError when Java or pyspark is missing."""
     version = check_java(os.environ)
     try:
         from pyspark.sql import SparkSession
@@ -292,7 +322,8 @@ def spark_session(master: str, conf: Mapping[str, str], *,
     tmpdir = tempfile.mkdtemp(prefix="rq-analytics-")
     dump: list[str] = []
     try:
-        spark = _start(SparkSession, master, conf, tmpdir, log_path, version, dump)
+        spark = _start(SparkSession, master, conf, tmpdir, log_path, version, dump,
+                       input_bytes)
         try:
             yield spark
         finally:
@@ -304,11 +335,13 @@ def spark_session(master: str, conf: Mapping[str, str], *,
 
 
 def _start(session_cls: Any, master: str, conf: Mapping[str, str], tmpdir: str,
-           log_path: str | None, java_version: str, dump: list[str]) -> Any:
+           log_path: str | None, java_version: str, dump: list[str],
+           input_bytes: int | None = None) -> Any:
     conf_dir = os.path.join(tmpdir, "conf")
     os.makedirs(conf_dir)
     log4j = prepare_env(conf_dir, os.environ, is_loopback(master))  # type: ignore[arg-type]
-    settings = {**default_conf(master, tmpdir), **conf}
+    settings = {**default_conf(master, tmpdir, input_bytes,
+                               conf.get("spark.driver.defaultJavaOptions", "")), **conf}
     jvm_opts = [f"-Dlog4j2.configurationFile=file:{log4j}"]
     from pyspark import SparkContext
     cache = cds_dir(os.environ)

@@ -1,0 +1,199 @@
+"""The driver JVM's options by the size of the analytics input (rq/analytics/session.py
+`driver_java_options`, rq/analytics/compact.py `input_bytes`; docs/guide/analytics.md).
+
+A local run whose input is small gets SPARK.md's warm-up options (serial collector, C1 only); a
+large or unknown input, a cluster master, or the user's own options keep the throughput
+default.  The size is what the run will read, known before the JVM starts: raw event-log files,
+and compacted days as their Parquet.  Two real `rq analytics` processes show the options on the
+driver JVM's command line (/proc/PID/cmdline): the warm-up ones for a tiny root, the user's own
+`--conf spark.driver.extraJavaOptions` when given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rqtest import REPO, make_root, wait_for
+
+from rq.analytics import compact, manifest
+from rq.analytics.session import (PARQUET_WEIGHT, THROUGHPUT_OPTIONS, WARMUP_BYTES,
+                                  WARMUP_OPTIONS, default_conf, driver_java_options)
+from rq.events import encode_event
+
+JAVA = shutil.which("java") is not None
+DAY = 86400
+
+
+def test_small_local_inputs_get_the_warmup_options_and_the_rest_the_throughput_ones(
+        tmp_path: Path) -> None:
+    assert WARMUP_OPTIONS == "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+    assert THROUGHPUT_OPTIONS == "-XX:+UseParallelGC"
+    assert (WARMUP_BYTES, PARQUET_WEIGHT) == (128 << 20, 3)  # docs/benchmarks.md, 2026-11-27
+    for master in ("local[*]", "local[2]", "local"):
+        assert driver_java_options(master, 0) == WARMUP_OPTIONS
+        assert driver_java_options(master, WARMUP_BYTES - 1) == WARMUP_OPTIONS
+        assert driver_java_options(master, WARMUP_BYTES) == THROUGHPUT_OPTIONS
+        assert driver_java_options(master, 50 * WARMUP_BYTES) == THROUGHPUT_OPTIONS
+        assert driver_java_options(master, None) == THROUGHPUT_OPTIONS  # size unknown
+    # A cluster's driver: today's default, whatever the size.
+    assert driver_java_options("spark://127.0.0.1:7077", 10) == THROUGHPUT_OPTIONS
+    assert driver_java_options("yarn", 10) == THROUGHPUT_OPTIONS
+    # A collector or JIT tier in the user's defaultJavaOptions is theirs: the default adds no
+    # second one (two collectors stop the JVM; a later tier option would override theirs).
+    assert driver_java_options("local[*]", 10, "-Xss4m -XX:+UseG1GC") == \
+        "-XX:TieredStopAtLevel=1"
+    assert driver_java_options("local[*]", WARMUP_BYTES, "-XX:+UseSerialGC") == ""
+    for jit in ("-XX:TieredStopAtLevel=4", "-XX:-TieredCompilation", "-XX:CICompilerCount=2"):
+        assert driver_java_options("local[*]", 10, jit) == "-XX:+UseSerialGC", jit
+        assert driver_java_options("local[*]", WARMUP_BYTES, jit) == THROUGHPUT_OPTIONS, jit
+    assert driver_java_options("local[*]", 10, "-XX:+UseSerialGC -XX:TieredStopAtLevel=1") == ""
+    assert driver_java_options("local[*]", 10, "-Dx=1 -Xss4m -XX:+UseCompressedOops") == \
+        WARMUP_OPTIONS
+    conf = default_conf("local[2]", str(tmp_path), 1000)
+    assert conf["spark.driver.extraJavaOptions"] == WARMUP_OPTIONS
+    assert default_conf("local[2]", str(tmp_path))["spark.driver.extraJavaOptions"] == \
+        THROUGHPUT_OPTIONS
+
+
+def write_day(events_dir: Path, day: str, sizes: dict[str, int]) -> None:
+    (events_dir / day).mkdir(parents=True)
+    for name, size in sizes.items():
+        (events_dir / day / f"{name}.jsonl").write_bytes(b"x" * (size - 1) + b"\n")
+
+
+def test_input_bytes_counts_raw_files_and_fresh_compacted_days_as_their_parquet(
+        tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    events = root / "log" / "events"
+    write_day(events, "20260101", {"a": 1000, "b": 200})
+    write_day(events, "20260102", {"a": 30})
+    (events / "20260102" / "notes.txt").write_bytes(b"y" * 5000)  # not an event file
+    write_day(events, "20260103", {"a": 7})
+    out = tmp_path / "out"
+    assert compact.input_bytes([str(root)], None, None, str(out), False) == 1237
+    assert compact.input_bytes([str(events)], None, None, str(out), True) == 1237
+    since = 1767225600 + DAY  # 2026-01-02T00:00Z: the first day is not read
+    assert compact.input_bytes([str(root)], since, None, str(out), False) == 37
+    assert compact.input_bytes([str(root), str(root)], since, since + DAY, str(out), False) \
+        == 60
+    # A remote input is listed only through the JVM; a missing one fails in the run itself.
+    assert compact.input_bytes([str(root), "hdfs://nn/rq"], None, None, str(out), False) is None
+    assert compact.input_bytes([str(tmp_path / "nope")], None, None, str(out), False) is None
+
+    # Day 1 compacted (its Parquet: 40 + 2 bytes) and still fresh; day 2 compacted but stale
+    # (a queue file grew after): its raw files count.  A per-message state of 9 bytes.  A byte
+    # of Parquet counts 3 (PARQUET_WEIGHT): it holds about 3x the work of a raw byte.
+    book = manifest.load_manifest(str(out))
+    for day, parquet in (("20260101", {"p0": 40, "sub/p1": 2}), ("20260102", {"p0": 3})):
+        rel = f"compacted/key/{day}.tok"
+        for name, size in parquet.items():
+            (out / rel / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / rel / name).write_bytes(b"p" * size)
+        files = {p.name: manifest.source_record(str(p), p.stat().st_size)
+                 for p in (events / day).glob("*.jsonl")}
+        manifest.set_day_entry(book, str(events), day, {"dir": rel, "files": files})
+    (out / "compacted" / "state.tok").mkdir()
+    (out / "compacted" / "state.tok" / "s").write_bytes(b"s" * 9)
+    book["state"] = {"dir": "compacted/state.tok", "covers": []}
+    Path(manifest.manifest_path(str(out))).write_text(json.dumps(book))
+    with open(events / "20260102" / "a.jsonl", "ab") as f:
+        f.write(b"late\n")
+    assert compact.input_bytes([str(root)], None, None, str(out), False) == \
+        3 * (42 + 9) + 35 + 7
+    assert compact.input_bytes([str(root)], None, None, str(out), True) == 1242  # --full: raw
+    # Retention removed day 1's raw files: its compacted Parquet is still read.
+    shutil.rmtree(events / "20260101")
+    assert compact.input_bytes([str(root)], None, None, str(out), False) == \
+        3 * (42 + 9) + 35 + 7
+    # A manifest this code cannot follow: unknown size (the run itself deals with it).
+    del book["trees"][manifest.events_key(str(events))]["days"]["20260102"]["files"]
+    Path(manifest.manifest_path(str(out))).write_text(json.dumps(book))
+    assert compact.input_bytes([str(root)], None, None, str(out), False) is None
+
+
+def driver_cmdline(proc: subprocess.Popen[str]) -> list[str]:
+    """The command line of the driver JVM among `proc`'s descendants, once it runs (pyspark
+    starts bin/spark-class, which runs a launcher JVM and then execs the driver JVM)."""
+    def find() -> list[str] | None:
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"rq analytics exited ({proc.returncode}) before its JVM was seen: "
+                        f"{out}{err}")
+        parents: dict[int, int] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+        for pid in parents:
+            up = pid
+            while up in parents and up != proc.pid:
+                up = parents[up]
+            if up != proc.pid or pid == proc.pid:
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    args = f.read().decode().split("\0")
+            except OSError:
+                continue
+            # Not the spark-class script, nor the launcher JVM that prints the real command.
+            if os.path.basename(args[0]) == "java" and "org.apache.spark.deploy.SparkSubmit" in \
+                    args and "org.apache.spark.launcher.Main" not in args:
+                return args
+        return None
+    return wait_for(find, 300, interval=0.2, what="the driver JVM of rq analytics")
+
+
+def run_analytics(root: Path, out: Path, *conf: str) -> list[str]:
+    """One real `rq analytics` over `root`; the driver JVM's command line."""
+    args = [arg for item in conf for arg in ("--conf", item)]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    with subprocess.Popen([sys.executable, "-m", "rq.analytics", "--root", str(root),
+                           "--output", str(out), *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env, cwd=str(root)) as proc:
+        try:
+            cmdline = driver_cmdline(proc)
+            stdout, stderr = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "read 8 lines from 2 files, 0 skipped" in stdout, stdout
+    assert (out / "current" / "summary.json").exists()
+    return cmdline
+
+
+@pytest.mark.skipif(not JAVA, reason="Java 17+ is not installed: Spark cannot run")
+def test_a_tiny_run_starts_its_jvm_with_the_warmup_options_unless_the_user_chose(
+        tmp_path: Path) -> None:
+    now = time.time()
+    day = time.strftime("%Y%m%d", time.gmtime(now))
+    root = make_root(tmp_path)
+    (root / "log" / "events" / day).mkdir(parents=True)
+    for queue in ("a", "b"):
+        with open(root / "log" / "events" / day / f"{queue}.jsonl", "wb") as f:
+            for i, (frm, to) in enumerate(((None, "prep"), ("prep", "que"), ("que", "run"),
+                                           ("run", "done"))):
+                f.write(encode_event({
+                    "ts": now - 60 + i, "host": "h1", "queue": queue, "msg_id": "m1",
+                    "from": frm, "to": to, "status": "ok" if to == "done" else None,
+                    "count": 0, "pid": None, "exit_code": None,
+                    "duration": 1.0 if to == "done" else None}))
+    cmdline = run_analytics(root, tmp_path / "out1")
+    assert "-XX:+UseSerialGC" in cmdline and "-XX:TieredStopAtLevel=1" in cmdline, cmdline
+    assert "-XX:+UseParallelGC" not in cmdline, cmdline
+
+    # The user's own options replace the default (cheap ones: this is a tiny run too).
+    cmdline = run_analytics(root, tmp_path / "out2", "spark.driver.extraJavaOptions="
+                            "-XX:+UseSerialGC -XX:TieredStopAtLevel=2 -Dwarmup.test=user")
+    assert "-XX:TieredStopAtLevel=2" in cmdline and "-Dwarmup.test=user" in cmdline, cmdline
+    assert not {"-XX:+UseParallelGC", "-XX:TieredStopAtLevel=1"} & set(cmdline), cmdline
