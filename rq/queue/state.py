@@ -396,15 +396,6 @@ class QueueState:
             log.warning("status update failed: %s", exc)
 
     # ================================================================ counts (S7.3)
-    def close(self) -> None:
-        """The end of a graceful stop (S2.5), once nothing moves any more: the event log and
-        the spare inodes closed, and the que/ index left for the next start (S2.7)."""
-        self.events.close()
-        if self.store.spares is not None:
-            self.store.spares.close()
-        if len(self.index.order) == len(self.index.que):  # dups are entries of both
-            snapshot.save(self.store, self.index.order, len(self.index.que))
-
     def count_finished(self) -> dict[str, int]:
         return {"done": self.store.count_hashed("done"),
                 "relayed": self.store.count_hashed("relayed"),
@@ -438,3 +429,13 @@ class QueueState:
                 self.index.counts = {k: max(0, counts.get(k, 0) + now.get(k, 0) - before.get(k, 0))
                                      for k in set(counts) | set(now)}
         threading.Thread(target=work, daemon=True).start()
+
+    # ================================================================ the end of a stop (S2.5)
+    def close(self) -> None:
+        """The end of a graceful stop (S2.5), once nothing moves any more: the event log and
+        the spare inodes closed, and the que/ index left for the next start (S2.7)."""
+        self.events.close()
+        if self.store.spares is not None:
+            self.store.spares.close()
+        if len(self.index.order) == len(self.index.que):  # dups are entries of both
+            snapshot.save(self.store, self.index.order, len(self.index.que))
