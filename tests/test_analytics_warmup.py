@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -153,19 +154,24 @@ def driver_cmdline(proc: subprocess.Popen[str]) -> list[str]:
     return wait_for(find, 300, interval=0.2, what="the driver JVM of rq analytics")
 
 
-def run_analytics(root: Path, out: Path, *conf: str) -> list[str]:
-    """One real `rq analytics` over `root`; the driver JVM's command line."""
+def run_analytics(root: Path, out: Path, *conf: str, whole: bool = True) -> list[str]:
+    """One real `rq analytics` over `root`; the driver JVM's command line.  Not `whole`: the
+    run (its process group, the JVM with it) is stopped once that command line is read."""
     args = [arg for item in conf for arg in ("--conf", item)]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     with subprocess.Popen([sys.executable, "-m", "rq.analytics", "--root", str(root),
                            "--output", str(out), *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env=env, cwd=str(root)) as proc:
+                          stderr=subprocess.PIPE, text=True, env=env, cwd=str(root),
+                          start_new_session=True) as proc:
         try:
             cmdline = driver_cmdline(proc)
+            if not whole:
+                return cmdline
             stdout, stderr = proc.communicate(timeout=600)
         finally:
             if proc.poll() is None:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
     assert proc.returncode == 0, stderr
     assert "read 8 lines from 2 files, 0 skipped" in stdout, stdout
     assert (out / "current" / "summary.json").exists()
@@ -192,8 +198,10 @@ def test_a_tiny_run_starts_its_jvm_with_the_warmup_options_unless_the_user_chose
     assert "-XX:+UseSerialGC" in cmdline and "-XX:TieredStopAtLevel=1" in cmdline, cmdline
     assert "-XX:+UseParallelGC" not in cmdline, cmdline
 
-    # The user's own options replace the default (cheap ones: this is a tiny run too).
+    # The user's own options replace the default (the first run showed a whole run works: this
+    # one is stopped once its JVM's command line is read).
     cmdline = run_analytics(root, tmp_path / "out2", "spark.driver.extraJavaOptions="
-                            "-XX:+UseSerialGC -XX:TieredStopAtLevel=2 -Dwarmup.test=user")
+                            "-XX:+UseSerialGC -XX:TieredStopAtLevel=2 -Dwarmup.test=user",
+                            whole=False)
     assert "-XX:TieredStopAtLevel=2" in cmdline and "-Dwarmup.test=user" in cmdline, cmdline
     assert not {"-XX:+UseParallelGC", "-XX:TieredStopAtLevel=1"} & set(cmdline), cmdline
