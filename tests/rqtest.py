@@ -136,21 +136,34 @@ class QueueProc:
 def interrupt(proc: subprocess.Popen[str]) -> tuple[str, str]:
     """SIGINT, as a user's Ctrl-C, and what the watcher (`rq watch`) printed.  One that does
     not stop is killed (never left running into the next test) and the failure says where
-    each of its threads was and what became of the signal (caught, ignored, pending)."""
+    each of its threads was and what became of the signal (caught, ignored, pending), or,
+    when it did exit, that another process still held its output pipes open."""
     proc.send_signal(signal.SIGINT)
     try:
         return proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
-        base = Path(f"/proc/{proc.pid}")
+        where = watcher_state(proc.pid) if proc.poll() is None else \
+            [f"exited {proc.returncode}, its stdout/stderr still open in another process"]
+        proc.kill()
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            out = err = "(pipes held open)"
+        raise AssertionError(f"rq watch did not end within 30 s of SIGINT ({where}); "
+                             f"stdout {out!r} stderr {err!r}") from None
+
+
+def watcher_state(pid: int) -> list[str]:
+    """Each thread's wait channel and state, and the signal masks, of process `pid`."""
+    base = Path(f"/proc/{pid}")
+    try:
         where = [f"{t.name}: {(t / 'wchan').read_text(errors='replace')} "
                  f"{(t / 'stat').read_text(errors='replace').strip()}"
                  for t in sorted((base / "task").iterdir())]
-        where += [line for line in (base / "status").read_text().splitlines()
-                  if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))]
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"rq watch ignored SIGINT for 30 s (in {where}); "
-                             f"stdout {out!r} stderr {err!r}") from None
+        return where + [line for line in (base / "status").read_text().splitlines()
+                        if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))]
+    except OSError as exc:
+        return [f"/proc/{pid} unreadable: {exc}"]
 
 
 def read_events(root: Path, queue: str | None = None) -> list[dict[str, Any]]:
