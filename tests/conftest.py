@@ -18,18 +18,21 @@ Launch = Callable[..., QueueProc]
 # ---------------------------------------------------------------- xdist: one worker per file
 # scripts/test runs `-n N --dist loadfile`: every test of a file runs on one worker, so a
 # module-scoped fixture (a shared rq-mgr, a browser) starts once.  On top of that, the files
-# that run Spark share one worker and those that drive Chromium another (two JVMs or two
-# browsers at once on a two-core machine only slow each other down into their timeouts; a
-# JVM beside a browser does not), and the longest units are handed out first, so that no
-# worker starts one of them while the others are about to finish.
+# whose tests run Spark sessions in the worker's own process share one worker (one driver JVM
+# serves them all), the files whose Spark JVMs are child processes (the CLI, a standalone
+# cluster, the class-data-sharing runs) another, and those that drive Chromium a third (two
+# browsers at once on a two-core machine only slow each other down into their timeouts).
+# The longest units are handed out first, so that no worker starts one of them while the
+# others are about to finish (all the Spark files in one unit would be the run's last minutes
+# on one worker, the other workers idle).
 SHARED_WORKER = {
     **{name: "spark" for name in (
-        "test_analytics_cds.py", "test_analytics_cluster.py", "test_analytics_e2e.py",
-        "test_analytics_incremental.py",
-        "test_analytics_transform.py")},
+        "test_analytics_incremental.py", "test_analytics_transform.py")},
+    **{name: "spark-cli" for name in (
+        "test_analytics_cds.py", "test_analytics_cluster.py", "test_analytics_e2e.py")},
     **{name: "chromium" for name in (
         "test_browser.py", "test_browser_stats.py", "test_web_xss.py")}}
-START_FIRST = ("spark", "chromium", "test_web_security.py", "test_relay_faults.py",
+START_FIRST = ("spark", "spark-cli", "chromium", "test_web_security.py", "test_relay_faults.py",
                "test_crash.py", "test_power_loss_fs.py", "test_cli_e2e.py",
                "test_pull_consumers.py", "test_check_rq.py", "test_cron_queue.py",
                "test_faults.py", "test_timers.py")

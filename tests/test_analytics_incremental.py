@@ -47,7 +47,9 @@ RUN_FIELDS = ("run_id", "generated_at", "duration_s", "stages_s", "compaction")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from rq.analytics import session
     log = tmp_path_factory.mktemp("spark") / "spark.log"
-    conf = {"spark.sql.shuffle.partitions": "1",
+    # A small local run's settings (session.default_conf for a tiny input): the warm-up JVM,
+    # interpreted evaluation; one shuffle partition.
+    conf = {"spark.sql.shuffle.partitions": "1", **session.INTERPRETED_CONF,
             "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"}
     with session.spark_session("local[1]", conf, log_path=str(log)) as s:
         yield s

@@ -32,7 +32,9 @@ H0, H1 = T0, T0 + 3600
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from rq.analytics import session
     log = tmp_path_factory.mktemp("spark") / "spark.log"
-    conf = {"spark.sql.shuffle.partitions": "1",  # tiny inputs: SPARK.md's fast warm-up
+    # A small local run's settings (session.default_conf for a tiny input): the warm-up JVM,
+    # interpreted evaluation; one shuffle partition.
+    conf = {"spark.sql.shuffle.partitions": "1", **session.INTERPRETED_CONF,
             "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"}
     with session.spark_session("local[1]", conf, log_path=str(log)) as s:
         yield s

@@ -24,8 +24,9 @@ import pytest
 from rqtest import REPO, make_root, wait_for
 
 from rq.analytics import compact, manifest
-from rq.analytics.session import (PARQUET_WEIGHT, THROUGHPUT_OPTIONS, WARMUP_BYTES,
-                                  WARMUP_OPTIONS, default_conf, driver_java_options)
+from rq.analytics.session import (INTERPRETED_BYTES, INTERPRETED_CONF, PARQUET_WEIGHT,
+                                  THROUGHPUT_OPTIONS, WARMUP_BYTES, WARMUP_OPTIONS, default_conf,
+                                  driver_java_options)
 from rq.events import encode_event
 
 JAVA = shutil.which("java") is not None
@@ -61,6 +62,23 @@ def test_small_local_inputs_get_the_warmup_options_and_the_rest_the_throughput_o
     assert conf["spark.driver.extraJavaOptions"] == WARMUP_OPTIONS
     assert default_conf("local[2]", str(tmp_path))["spark.driver.extraJavaOptions"] == \
         THROUGHPUT_OPTIONS
+
+
+def test_tiny_local_inputs_are_evaluated_interpreted(tmp_path: Path) -> None:
+    assert INTERPRETED_CONF == {"spark.sql.codegen.wholeStage": "false",
+                                "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+    assert INTERPRETED_BYTES == 4 << 20  # docs/benchmarks.md, 2026-11-27
+
+    def interpreted(master: str, size: int | None) -> bool:
+        conf = default_conf(master, str(tmp_path), size)
+        picked = {k: conf[k] for k in INTERPRETED_CONF if k in conf}
+        assert picked in ({}, INTERPRETED_CONF), picked
+        return bool(picked)
+    for master in ("local[*]", "local[2]", "local"):
+        assert interpreted(master, 0) and interpreted(master, INTERPRETED_BYTES - 1)
+        assert not interpreted(master, INTERPRETED_BYTES)
+        assert not interpreted(master, None)  # size unknown
+    assert not interpreted("spark://127.0.0.1:7077", 10) and not interpreted("yarn", 10)
 
 
 def write_day(events_dir: Path, day: str, sizes: dict[str, int]) -> None:
@@ -197,6 +215,8 @@ def test_a_tiny_run_starts_its_jvm_with_the_warmup_options_unless_the_user_chose
     cmdline = run_analytics(root, tmp_path / "out1")
     assert "-XX:+UseSerialGC" in cmdline and "-XX:TieredStopAtLevel=1" in cmdline, cmdline
     assert "-XX:+UseParallelGC" not in cmdline, cmdline
+    for key, value in INTERPRETED_CONF.items():  # spark-submit's --conf pairs
+        assert f"{key}={value}" in cmdline, cmdline
 
     # The user's own options replace the default (the first run showed a whole run works: this
     # one is stopped once its JVM's command line is read).

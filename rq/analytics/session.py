@@ -105,23 +105,42 @@ USER_GC = re.compile(r"-XX:\+Use\w*GC\b")
 USER_JIT = re.compile(r"-XX:(?:[+-]TieredCompilation\b|TieredStopAtLevel=|CICompilerCount=)")
 
 
+def small_local(master: str, input_bytes: int | None, limit: int) -> bool:
+    """A local master and an input known (before the JVM starts) to be below `limit`."""
+    return master.startswith("local") and input_bytes is not None and input_bytes < limit
+
+
 def driver_java_options(master: str, input_bytes: int | None, user_default: str = "") -> str:
     """The default `spark.driver.extraJavaOptions`: the warm-up options for a local master
     whose input is known (`input_bytes`, before the JVM starts) and below WARMUP_BYTES, else
     the throughput options (a cluster master, an input of unknown size, a large one); without
     the collector or the JIT option when `user_default` (the user's defaultJavaOptions) names
     one of its own."""
-    small = input_bytes is not None and input_bytes < WARMUP_BYTES
-    options = WARMUP_OPTIONS if master.startswith("local") and small else THROUGHPUT_OPTIONS
+    small = small_local(master, input_bytes, WARMUP_BYTES)
+    options = WARMUP_OPTIONS if small else THROUGHPUT_OPTIONS
     return " ".join(o for o in options.split()
                     if not ((USER_GC.search(user_default) and USER_GC.match(o))
                             or (USER_JIT.search(user_default) and USER_JIT.match(o))))
 
 
+# Expression evaluation by the input's size: Spark compiles generated Java (Janino) for each
+# whole stage and for each projection, ordering and predicate of every query it plans, and a run
+# is many small queries: over a tiny input it spends more CPU compiling (and looking up the
+# names the generated code refers to in every jar of its class path) than evaluating.  Below
+# INTERPRETED_BYTES a local run evaluates interpreted, Spark's own path for code it cannot
+# compile (same results).  Measured (docs/benchmarks.md, 2026-11-27): a run over the incremental
+# tests' history (a few thousand events) 1.2 CPU-s cheaper in the JVM (-30 %); level at 2.5 MB of
+# event log; 5 % dearer at 25 MB.
+INTERPRETED_BYTES = 4 << 20  # of raw event log, a Parquet byte counting PARQUET_WEIGHT
+INTERPRETED_CONF = {"spark.sql.codegen.wholeStage": "false",
+                    "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+
 def default_conf(master: str, tmpdir: str, input_bytes: int | None = None,
                  user_default: str = "") -> dict[str, str]:
     """The quiet, fast configuration (SPARK.md); `--conf` values override it.  `input_bytes`
-    (None: unknown) and the user's defaultJavaOptions pick the driver's JVM options."""
+    (None: unknown) and the user's defaultJavaOptions pick the driver's JVM options;
+    `input_bytes` picks interpreted evaluation too."""
     cores = os.cpu_count() or 2
     parallel = "2" if master == "local[1]" else str(max(2, 2 * cores))
     loopback = {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
@@ -148,6 +167,7 @@ def default_conf(master: str, tmpdir: str, input_bytes: int | None = None,
         # input after 128 keys by default; the hourly percentiles have ~100 queues x 720 hours.
         "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "1000000",
         "spark.log.level": "ERROR",
+        **(INTERPRETED_CONF if small_local(master, input_bytes, INTERPRETED_BYTES) else {}),
         **(loopback if is_loopback(master) else {}),
     }
 
