@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,6 +121,19 @@ def mgr_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     mgr = Mgr(root)
     yield root
     mgr.stop()
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One local Spark session for the in-process analytics tests (the "spark" unit above),
+    with a small local run's settings (session.default_conf for a tiny input): the warm-up
+    JVM options, interpreted evaluation; and one shuffle partition."""
+    from rq.analytics import session
+    log = tmp_path_factory.mktemp("spark") / "spark.log"
+    conf = {"spark.sql.shuffle.partitions": "1", **session.INTERPRETED_CONF,
+            "spark.driver.extraJavaOptions": session.WARMUP_OPTIONS}
+    with session.spark_session("local[1]", conf, log_path=str(log)) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,18 +40,6 @@ DAY = 86400
 NOW = D0 + 2 * DAY + 7200  # 02:00 on the third day: days 0 and 1 are finished, day 2 is not
 # Fields that describe the run, not the data: they differ between any two runs.
 RUN_FIELDS = ("run_id", "generated_at", "duration_s", "stages_s", "compaction")
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from rq.analytics import session
-    log = tmp_path_factory.mktemp("spark") / "spark.log"
-    # A small local run's settings (session.default_conf for a tiny input): the warm-up JVM,
-    # interpreted evaluation; one shuffle partition.
-    conf = {"spark.sql.shuffle.partitions": "1", **session.INTERPRETED_CONF,
-            "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"}
-    with session.spark_session("local[1]", conf, log_path=str(log)) as s:
-        yield s
 
 
 def ev(queue: str, msg: str, ts: float, frm: str | None, to: str, status: str | None = None,

@@ -1,8 +1,9 @@
 """Transform tests of the analytics job (issue 5) on small hand-made event sets (S13).
 
 Every expected number is worked out by hand in the comments, not computed by the code under
-test.  One session-scoped `local[1]` SparkSession serves every test here; without Java the
-Spark tests skip with that reason (the pure ones still run).
+test.  One session-scoped `local[1]` SparkSession (conftest.py's `spark`, shared with
+tests/test_analytics_incremental.py) serves every test here; without Java the Spark tests skip
+with that reason (the pure ones still run).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import json
 import os
 import shutil
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +26,6 @@ needs_spark = pytest.mark.skipif(not JAVA, reason="Java 17+ is not installed: Sp
 
 T0 = 1700002800          # 2023-11-14 23:00:00 UTC, an hour boundary; the day ends at T0 + 3600
 H0, H1 = T0, T0 + 3600
-
-
-@pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from rq.analytics import session
-    log = tmp_path_factory.mktemp("spark") / "spark.log"
-    # A small local run's settings (session.default_conf for a tiny input): the warm-up JVM,
-    # interpreted evaluation; one shuffle partition.
-    conf = {"spark.sql.shuffle.partitions": "1", **session.INTERPRETED_CONF,
-            "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"}
-    with session.spark_session("local[1]", conf, log_path=str(log)) as s:
-        yield s
 
 
 def ev(queue: str, msg: str, ts: float, frm: str | None, to: str, status: str | None = None,
