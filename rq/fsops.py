@@ -22,6 +22,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -228,13 +229,14 @@ class FsOps:
 
 
 class FaultyFsOps(FsOps):
-    """Fails chosen operations: `plan` maps op name to {call number: errno}.
+    """Fails chosen operations: `plan` maps op name to {call number: errno}, or
+    delays them: {call number: seconds} (a float).
 
     Call numbers count from 1 per op name; `0` as the call number fails every
     call.  Example plan text (RQ_FS_FAULTS): `fsync:3:EIO,rename:2:ENOSPC`.
     """
 
-    def __init__(self, plan: Mapping[str, Mapping[int, int]], record: str | None = None,
+    def __init__(self, plan: Mapping[str, Mapping[int, int | float]], record: str | None = None,
                  *, spares: bool = False) -> None:
         super().__init__()
         self.spares = spares
@@ -258,7 +260,9 @@ class FaultyFsOps(FsOps):
         if not faults:
             return
         err = faults.get(n, faults.get(0))
-        if err:
+        if isinstance(err, float):
+            time.sleep(err)
+        elif err:
             raise OSError(err, f"injected {os.strerror(err)} on {name} #{n}")
 
 
@@ -347,10 +351,11 @@ class RecordingFsOps(FsOps):
             self.log.add("rmtree", path=path)
 
 
-def parse_fault_plan(text: str) -> tuple[dict[str, dict[int, int]], str | None]:
+def parse_fault_plan(text: str) -> tuple[dict[str, dict[int, int | float]], str | None]:
     """`OP:NTH:ERRNO,...` plus an optional `record=PATH` item that appends
-    `OP N` for every operation to PATH (so a test can learn the sequence)."""
-    plan: dict[str, dict[int, int]] = {}
+    `OP N` for every operation to PATH (so a test can learn the sequence).  `SLOWms`
+    instead of an errno delays the operation by ms milliseconds (a slow disk), then does it."""
+    plan: dict[str, dict[int, int | float]] = {}
     record = None
     for item in filter(None, (t.strip() for t in text.split(","))):
         if item.startswith("record="):
@@ -360,7 +365,8 @@ def parse_fault_plan(text: str) -> tuple[dict[str, dict[int, int]], str | None]:
             plan.setdefault("spares", {})
             continue
         name, nth, err = item.split(":")
-        plan.setdefault(name, {})[int(nth)] = getattr(errno, err)
+        plan.setdefault(name, {})[int(nth)] = (int(err[4:]) / 1000 if err.startswith("SLOW")
+                                               else getattr(errno, err))
     return plan, record
 
 

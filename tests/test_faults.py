@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from rq.fsck import check_root
+from rq.store import Store
 from rqtest import (QueueProc, learn_ops, make_queue, make_root, read_events, wait_for,
                     write_script)
 
@@ -212,6 +213,27 @@ def test_jobs_ending_together_share_one_fsync_of_their_bucket(root: Path) -> Non
     assert after.count("fsync") == 1, after
     assert after.index("fsync") > after.index("rename")  # the moves first, then their fsync
     assert _done_events(root) == sorted(short(f) for f in fulls)
+
+
+def test_a_command_sent_on_seeing_a_message_done_on_disk_finds_it_done(root: Path) -> None:
+    """Issue 15's group commit: a job's end is renamed into done/ and counted only after the
+    fsync that the ends of a pass share.  A reader of the disk (the web's message view,
+    Client.wait over HTTP) already shows it done; a command sent on seeing that (clone,
+    state) waits for the commit instead of answering `run` (seen in CI: wait() returned
+    done, the clone right after was refused "cannot clone message in run state").  Every
+    fsync here takes 400 ms (a slow disk), so the window is wide open."""
+    make_queue(root, "s", write_script(root / "ok.sh", '#!/bin/sh\necho "done ok" >&3\n'))
+    q = QueueProc(root, "s", env={"RQ_FS_FAULTS": "fsync:0:SLOW400"})
+    try:
+        full = q.call("create_message", {"dest": "s"})[1]
+        store = Store(str(root), "s")
+        wait_for(lambda: (store.locate(short(full)) or ("",))[0] == "done", 30,
+                 interval=0.002, what="the message renamed into done/")
+        assert q.call("get_message_state", {"msg_id": full}) == ["ok", "done"]
+        copy = q.call("clone_message", {"msg_id": full})
+        assert copy[0] == "ok", copy
+    finally:
+        q.kill()
 
 
 def test_a_failed_shared_fsync_retries_every_job_of_it(root: Path, tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ ALWAYS = {"ping", "uptime", "config", "status", "shutdown", "num_messages", "mes
 # contending for the GIL per enqueue.
 INLINE_PASS = {"create_message"}
 DEFAULT_LIMIT = 1000
+SETTLE_WAIT = 2.0  # seconds a command waits for the group commit of a message's end (find)
 MOVED_RETRIES = 5  # a message read while it moves is looked up again (STYLE habit 2)
 BULK_CHUNK = 256  # messages per commit (one fsync of que/) of a create_messages frame
 
@@ -461,13 +462,19 @@ class Commands:
 
     def find(self, msg_id: str) -> tuple[str, str]:
         """(state, path) of a message.  One whose end is moved but not yet fsynced and
-        counted (QueueState.ending, the group commit of completions, issue 15) is still
-        `run`: no reader sees it in its final state before its bookkeeping."""
+        counted (QueueState.ending, the group commit of completions, issue 15) is waited
+        for (the fsync takes milliseconds): a reader of the disk, the web's message view,
+        already shows it final, and a command sent on seeing that must find it so.  Still
+        `run` after SETTLE_WAIT: no reader here sees it final before its bookkeeping."""
         found = self.state.store.locate(msg_id)
         if found is None:
             raise Fail("msg not found")
         if msg_id in self.state.ending:
-            return "run", found[1]
+            if not self.state.wait_settled(msg_id, SETTLE_WAIT):
+                return "run", found[1]
+            found = self.state.store.locate(msg_id)
+            if found is None:
+                raise Fail("msg not found")
         return found
 
 

@@ -309,7 +309,7 @@ class QueueProcess:
             if grouped:
                 self.state.ending.add(job.msg_id)  # its slot is free for the pass
             if not self.move_ended(job):
-                self.state.ending.discard(job.msg_id)
+                self.state.settle([job.msg_id])
             elif grouped:
                 ended.append(job)
             else:
@@ -381,7 +381,7 @@ class QueueProcess:
             elif job.outcome is not None:
                 self.state.complete_publish(job, job.outcome)
                 self.forget(job)
-            self.state.ending.discard(job.msg_id)
+        self.state.settle([job.msg_id for job in ended])
 
     def forget(self, job: J.Job) -> None:
         """A finished job leaves the table and its pipes; its group may be SIGKILLed later."""

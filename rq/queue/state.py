@@ -55,6 +55,7 @@ class QueueState:
         self.jobs: dict[str, J.Job] = {}        # script mode: running jobs by message id
         self.to_spawn: list[J.Job] = []         # moved into run/, spawned by the loop
         self.ending: set[str] = set()           # exited and renamed; the fsync follows (issue 15)
+        self.settled = threading.Condition(self.lock)  # notified as messages leave `ending`
         self.unfinished = Unfinished()          # ended, but finishing hit an IO error
         self.buckets_made: set[str] = set()     # hashdir buckets made ahead (D8)
         self.bucket_sync: list[str] = []        # their parents still to fsync
@@ -320,6 +321,20 @@ class QueueState:
             if state == "que" or finished_dups:
                 self.store.write_msg(path, job.fields, sync=False)
             _, job.sync_dirs = self.store.move_unsynced(msg_id, "run", state, self.buckets_made)
+
+    def settle(self, msg_ids: list[str]) -> None:
+        """Out of `ending` (the group commit of their ends is done or given up): wake the
+        readers waiting for them (Commands.find); the caller holds the lock."""
+        self.ending.difference_update(msg_ids)
+        self.settled.notify_all()
+
+    def wait_settled(self, msg_id: str, timeout: float) -> bool:
+        """Wait (the lock released meanwhile) until `msg_id` is out of `ending`; False
+        after `timeout` seconds, or at once on the loop's own thread, which settles it."""
+        if threading.get_ident() == self.loop_thread:
+            return msg_id not in self.ending
+        with self.lock:
+            return self.settled.wait_for(lambda: msg_id not in self.ending, timeout)
 
     def complete_publish(self, job: J.Job, outcome: J.Outcome) -> None:
         """complete() after the fsync of `job.sync_dirs`: index or count, event
