@@ -11,6 +11,7 @@ copy or none does, and that no `ok` was ever sent for a fan-out that did not fin
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 from collections.abc import Iterator
@@ -34,9 +35,12 @@ def copies(root: Path, name: str) -> dict[str, str]:
     """Every message of queue `name` on disk: short id -> state (done/relayed hashdirs too)."""
     out = {}
     for state in STATES:
-        for msg in (root / "queue" / name / state).rglob("msg"):
-            if not any(part.startswith(".") for part in msg.relative_to(root).parts):
-                out[msg.parent.name] = state
+        # os.walk skips a directory that vanishes while it walks (a job of an earlier test
+        # ending): that message is found in its next state, walked after this one.
+        for dirpath, dirnames, filenames in os.walk(root / "queue" / name / state):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            if "msg" in filenames:
+                out[os.path.basename(dirpath)] = state
     return out
 
 
