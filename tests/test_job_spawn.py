@@ -156,6 +156,37 @@ def test_start_time_is_psutils_create_time_and_none_for_the_gone() -> None:
     assert not proc.alive_with_start(child.pid, 1.0)
 
 
+def test_identity_from_proc_agrees_with_psutil() -> None:
+    """alive, command_line and group_alive read /proc themselves (no psutil import in the
+    daemons or in `rq-mgr` calls): the same answers psutil gives, for a live process with
+    arguments, one whose title setproctitle replaced, a zombie and a pid that is gone."""
+    me = psutil.Process(os.getpid())
+    assert proc.alive(os.getpid()) and proc.command_line(os.getpid()) == " ".join(me.cmdline())
+    with subprocess.Popen(
+            [sys.executable, "-c", "import setproctitle, sys, time\n"
+             "setproctitle.setproctitle('[rq-mgr] /some root/with spaces')\n"
+             "print('ok', flush=True); sys.stdin.read()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            start_new_session=True) as titled:
+        try:
+            assert titled.stdout is not None and titled.stdout.readline() == "ok\n"
+            text = proc.command_line(titled.pid)
+            assert text == "[rq-mgr] /some root/with spaces"
+            assert text == " ".join(p for p in psutil.Process(titled.pid).cmdline() if p)
+            assert proc.group_alive(titled.pid)  # its own group, led by a live process
+        finally:
+            titled.kill()
+        deadline = time.monotonic() + 10
+        while psutil.Process(titled.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "child never died"
+            time.sleep(0.01)
+        # a zombie: gone for all three, though kill(pid, 0) still reaches it
+        assert not proc.alive(titled.pid) and proc.command_line(titled.pid) is None
+        assert not proc.group_alive(titled.pid)
+    assert not proc.alive(titled.pid) and proc.command_line(titled.pid) is None
+    assert not proc.group_alive(titled.pid) and not proc.alive(0)
+
+
 def test_a_nul_in_the_environment_sends_the_message_to_err(root: Path, tmp_path: Path,
                                                            queues: list[QueueProc],
                                                            spawn_env: dict[str, str]) -> None:

@@ -32,7 +32,7 @@ from rq.cli.base import CliError, Invocation, check_queue, command, optional, si
 from rq.errors import ConfigError, ConnectError
 
 # Issue 15: `rq pop` in a shell loop pays for every import, so neither typing nor the
-# config records (rq.config: dataclasses) nor psutil (rq.proc) are loaded on its path;
+# config records (rq.config: dataclasses) nor rq.proc are loaded on its path;
 # `rq push` reads the main config, `--exec` spawns through rq.proc.
 TYPE_CHECKING = False
 if TYPE_CHECKING:

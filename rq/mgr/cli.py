@@ -26,7 +26,7 @@ import time
 
 from rq.errors import ConfigError, RQError
 from rq.mgr import pidfile, queuedirs
-from rq.proc import kill_process, signal_group, spawn_detached
+from rq.proc import alive, kill_process, signal_group, spawn_detached
 from rq.root import find_root
 
 USAGE = "usage: rq-mgr [--root PATH] start|stop|restart|reload|run|status"
@@ -209,7 +209,7 @@ def stop_manager(root: str, pid: int) -> None:
 
 def wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while pidfile.process_alive(pid):
+    while alive(pid):
         if time.monotonic() >= deadline:
             return False
         time.sleep(POLL)

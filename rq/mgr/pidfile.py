@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
-import psutil
-
+from rq import proc
 from rq.errors import RQError
 
 TYPE_CHECKING = False  # rq.fsops is not imported at run time: `rq-mgr start|stop` need no seam
@@ -45,26 +44,10 @@ def read_pid(root: str) -> int | None:
     return int(text) if text.isdigit() and int(text) > 1 else None
 
 
-def process_alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie (an orphaned zombie under a
-    container init that never reaps must count as gone)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
 def is_manager_of(pid: int, root: str) -> bool:
     """Is `pid` a live rq-mgr serving `root`?"""
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        cmdline = [part for part in proc.cmdline() if part]
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-    text = " ".join(cmdline)
-    if not text.startswith(TITLE_PREFIX):
+    text = proc.command_line(pid)
+    if text is None or not text.startswith(TITLE_PREFIX):
         return False
     return _same_path(text[len(TITLE_PREFIX):], root)
 

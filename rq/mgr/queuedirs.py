@@ -13,8 +13,6 @@ import json
 import logging
 import os
 
-import psutil
-
 from rq import proc
 from rq.client import queue_socket_problem
 from rq.config import load_queue_config
@@ -132,7 +130,7 @@ def queue_process(qdir: str) -> int | None:
     try:
         with open(os.path.join(qdir, "queue.pid"), encoding="ascii") as f:
             pid = int(f.read().strip())
-        cmdline = " ".join(psutil.Process(pid).cmdline())
-    except (OSError, ValueError, psutil.Error):
+    except (OSError, ValueError):
         return None
+    cmdline = proc.command_line(pid) or ""
     return pid if "[rq-que]" in cmdline or "rq.queue" in cmdline else None
