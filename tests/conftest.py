@@ -3,6 +3,7 @@ are spread over pytest-xdist workers."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rqtest import QueueProc, make_root, write_driver  # noqa: E402
 
 Launch = Callable[..., QueueProc]
+
+# A shell without job control starts a background command (`scripts/test &` in a script, a
+# nohup from cron) with SIGINT ignored, and an ignored signal stays ignored across exec: every
+# `rq watch` the tests start would then ignore the SIGINT that stands for a user's Ctrl-C (as
+# it should: that is nohup's contract), and those tests hang until their deadline.  The
+# tests' processes get Python's own handler back, so their children start with the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # ---------------------------------------------------------------- xdist: one worker per file
 # scripts/test runs `-n N --dist loadfile`: every test of a file runs on one worker, so a
