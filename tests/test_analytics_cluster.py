@@ -9,6 +9,12 @@ The local run comes first, before the cluster starts: the driver's class-data-sh
 (rq/analytics/session.py) then exists (that run writes it into an empty cache), and the master,
 worker and executor JVMs, which `rq analytics` does not start, map it too (test-only options,
 `-Xshare:auto`: a missing or mismatching archive is ignored) and start with about half the CPU.
+
+All three runs come from one driver process (DRIVER), as `rq analytics` makes them
+(rq.analytics.job.execute for the local one; the two cluster runs share one session, so one
+application and one executor): one driver JVM, not three, and one executor, not two.  The
+command line itself (`rq analytics --master`, its output and exit status) is tested in
+tests/test_analytics_e2e.py.
 """
 
 from __future__ import annotations
@@ -105,15 +111,58 @@ def driver_archive() -> tuple[str, Path | None]:
     return f"-XX:SharedArchiveFile={cache}/{key}.jsa -Xshare:auto", Path(cache, "conf")
 
 
+# The driver: argv root, input, the local run's output and conf (JSON).  It prints the local
+# run's result, reads the master URL, output and conf (one JSON line) from stdin, runs twice
+# on that master in one session and prints both results; one JSON line per result.
+DRIVER = """
+import json, sys, time
+from rq.analytics import job, session
+root, data, out, conf = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+
+def result(final):
+    return {name: json.load(open(f"{final}/{name}.json")) for name in ("summary", "hourly")}
+
+final, _ = job.execute(root, {"input": data, "output": out, "master": "local[2]",
+                              "conf": conf, "full": True})
+print(json.dumps(result(final)), flush=True)
+master, out, conf = json.loads(sys.stdin.readline())
+opts = job.parse_options(root, {"input": data, "output": out, "master": master, "conf": conf},
+                         time.time())
+with session.spark_session(master, opts.conf) as spark:
+    for _ in range(2):
+        final, _ = job.run(spark, opts)
+        print(json.dumps(result(final)), flush=True)
+"""
+
+
 @pytest.fixture
-def local_run(tmp_path: Path) -> dict[str, Any]:
-    """The history, a root and the `local[2]` full recompute (the reference), made before the
-    cluster starts."""
+def local_run(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """The history, a root, the driver process and its `local[2]` full recompute (the
+    reference), made before the cluster starts."""
     root = make_root(tmp_path)
     data = tmp_path / "history"
     events = write_history(data)
-    result = run_job(root, data, tmp_path / "out-local", "local[2]", *JOB_CONF, full=True)
-    return {"root": root, "data": data, "events": events, "result": result}
+    with subprocess.Popen([sys.executable, "-c", DRIVER, str(root), str(data),
+                           str(tmp_path / "out-local"), json.dumps(JOB_CONF)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          cwd=str(root)) as driver:
+        try:
+            yield {"events": events, "driver": driver,
+                   "result": read_result(driver)}
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+
+
+def read_result(driver: subprocess.Popen[str]) -> dict[str, Any]:
+    """The driver's next result; its stderr (the JVM's output goes to a log) if it ended."""
+    assert driver.stdout is not None and driver.stderr is not None
+    line = driver.stdout.readline()
+    if not line:
+        driver.wait(timeout=60)
+        raise AssertionError(f"the driver ended ({driver.returncode}): {driver.stderr.read()}")
+    return json.loads(line)
 
 
 @pytest.fixture
@@ -169,21 +218,6 @@ def cluster(tmp_path: Path, local_run: dict[str, Any]) -> Iterator[tuple[str, st
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def run_job(root: Path, data: Path, out: Path, master: str, *conf: str,
-            full: bool = False) -> dict[str, Any]:
-    args = [sys.executable, "-m", "rq.analytics", "--root", str(root), "--input", str(data),
-            "--output", str(out), "--master", master, *(["--full"] if full else [])]
-    for item in conf:
-        args += ["--conf", item]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=str(root))
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""
-    current = out / "current"
-    return {"summary": json.loads((current / "summary.json").read_text()),
-            "hourly": json.loads((current / "hourly.json").read_text())}
-
-
 def same(a: Any, b: Any) -> bool:
     """Equal, floats to 1e-6 (sums may be added in another order on another executor)."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -199,14 +233,17 @@ def test_standalone_cluster_result_equals_local_run(tmp_path: Path, local_run: d
                                                     cluster: tuple[str, str]) -> None:
     """Issue 19: the cluster compacts the finished days (first run) and then reads them back
     (second run); both equal a local full recompute from the raw event log."""
-    root, data, events = local_run["root"], local_run["data"], local_run["events"]
-    local = local_run["result"]
+    events, local = local_run["events"], local_run["result"]
     master, executor_opts = cluster
     cluster_conf = (*(c for c in JOB_CONF if not c.startswith("spark.executor.")),
                     f"spark.executor.extraJavaOptions={executor_opts}",
                     "spark.executor.memory=1g", "spark.cores.max=2")
-    remote = run_job(root, data, tmp_path / "out-cluster", master, *cluster_conf)
-    again = run_job(root, data, tmp_path / "out-cluster", master, *cluster_conf)
+    driver = local_run["driver"]
+    assert driver.stdin is not None and driver.stderr is not None
+    driver.stdin.write(json.dumps([master, str(tmp_path / "out-cluster"), cluster_conf]) + "\n")
+    driver.stdin.close()
+    remote, again = read_result(driver), read_result(driver)
+    assert driver.wait(timeout=120) == 0 and driver.stderr.read() == ""
     assert remote["summary"]["master"] == master
     assert local["summary"]["compaction"]["mode"] == "full"
     assert remote["summary"]["compaction"]["days_compacted_now"] == 2
