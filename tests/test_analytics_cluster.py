@@ -1,8 +1,8 @@
 """Cluster test of the analytics job (issue 5): a real Spark standalone master and worker.
 
 Both daemons are started on loopback from the pyspark installation with `spark-daemon.sh`
-(its sbin/ has no start-master.sh), the job runs as `rq analytics --master spark://127.0.0.1:PORT`
-and its result must equal a `local[2]` run's over the same event-log history (S13).  Skips, saying
+(its sbin/ has no start-master.sh), the job runs with master `spark://127.0.0.1:PORT` and
+its result must equal a `local[2]` run's over the same event-log history (S13).  Skips, saying
 so, only when Java is absent.
 
 The local run comes first, before the cluster starts: the driver's class-data-sharing archive
