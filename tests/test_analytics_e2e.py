@@ -129,7 +129,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_rq_analytics_exits_0_quietly_and_publishes(ran: dict[str, Any]) -> None:
     proc = ran["proc"]
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""                     # Spark's log noise kept off the terminal
+    assert proc.stderr == ""  # Spark's log noise kept off the terminal, no progress on a pipe
     out = proc.stdout.splitlines()
     assert len(out) == 3 and out[-1].startswith("published ")
     current = ran["root"] / "analytics" / "current"
