@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import setproctitle
-from rqtest import free_port, wait_for, write_root, write_script
+from rqtest import REPO, free_port, wait_for, write_root, write_script
 from test_mgr_support import MAIN_CONFIG, env_with_repo, make_queue, pid_alive
 
 from rq.client import call_mgr, call_queue
@@ -313,3 +313,26 @@ def test_read_host_reads_this_host() -> None:
     host = limits.read_host()
     assert host.nofile == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     assert host.tasks > 0 and host.user_tasks > 0 and host.pid_max > 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv to probe as another user")
+def test_inotify_probe_says_no_only_past_the_user_limit() -> None:
+    """read_host counts a user's inotify instances (a readlink of each of their descriptors)
+    only when the probe cannot make scandir's and timers' two now.  The probe makes real
+    instances, and past fs.inotify.max_user_instances the kernel refuses them: shown as user
+    nobody, whose limit this test may exhaust without starving the other tests' daemons."""
+    probe = ("import ctypes, os\nfrom rq.mgr import limits\n"
+             "n = int(open('/proc/sys/fs/inotify/max_user_instances').read())\n"
+             "held = [ctypes.CDLL(None).inotify_init1(os.O_CLOEXEC) for _ in range(3)]\n"
+             "used = limits.user_usage(65534, count_inotify=True)[1]\n"
+             "print(used >= 3, limits.inotify_available(2),\n"
+             "      limits.inotify_available(n - used + 1),\n"
+             "      limits.inotify_available(2), limits.read_host().inotify_in_use)")
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, cwd="/", env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    # three held; two more made; one past the limit refused; closed again; and read_host,
+    # whose probe passed, counted none of the three
+    assert done.stdout.split() == ["True", "True", "False", "True", "0"], done.stdout

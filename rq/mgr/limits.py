@@ -17,6 +17,7 @@ is the only part that reads /proc, /sys and getrlimit.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import resource
@@ -46,7 +47,7 @@ class Host:
     pids_max: int                # cgroup pids.max, UNLIMITED when none
     cgroup_tasks: int            # the cgroup's pids.current
     inotify_instances: int       # fs.inotify.max_user_instances
-    inotify_in_use: int          # of our user now
+    inotify_in_use: int          # of our user now (counted only when a probe was refused)
 
 
 def problems(host: Host, queues: int) -> list[str]:
@@ -101,7 +102,11 @@ def read_host() -> Host:
     nproc = resource.getrlimit(resource.RLIMIT_NPROC)[0]
     pids_max, cgroup_tasks = cgroup_pids()
     instances = read_int("/proc/sys/fs/inotify/max_user_instances", UNLIMITED)
-    user_tasks, in_use = user_usage(os.getuid(), count_inotify=instances != UNLIMITED)
+    # Counting this user's instances reads the link of every descriptor of every process of
+    # theirs (tens of thousands beside a browser or a JVM: most of a start's reading of the
+    # host): only when making WATCHERS instances now fails, for the warning's figures.
+    count = instances != UNLIMITED and not inotify_available(WATCHERS)
+    user_tasks, in_use = user_usage(os.getuid(), count_inotify=count)
     return Host(nofile=nofile, nofile_hard=nofile_hard,
                 pid_max=read_int("/proc/sys/kernel/pid_max", UNLIMITED),
                 threads_max=read_int("/proc/sys/kernel/threads-max", UNLIMITED),
@@ -156,6 +161,24 @@ def cgroup_pids() -> tuple[int, int]:
         if limit != UNLIMITED:
             return limit, read_int(os.path.join(here, "pids.current"), 0)
     return UNLIMITED, 0
+
+
+def inotify_available(n: int) -> bool:
+    """Can this user make `n` more inotify instances now?  Made and closed at once; only the
+    per-user limit (EMFILE) says no."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    fds = []
+    try:
+        for _ in range(n):
+            fd = libc.inotify_init1(os.O_CLOEXEC)
+            if fd < 0:
+                return ctypes.get_errno() != errno.EMFILE
+            fds.append(fd)
+        return True
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def user_usage(uid: int, *, count_inotify: bool) -> tuple[int, int]:
