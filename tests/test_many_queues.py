@@ -9,10 +9,12 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import threading
+import types
 import warnings
 from pathlib import Path
 
@@ -154,6 +156,33 @@ def test_fork_server_warm_up_runs_whole_queues_and_leaves_the_process_as_it_was(
     assert threading.active_count() == threads
     assert logging.root.handlers == handlers and logging.root.level == level
     assert {sig: signal.getsignal(sig) for sig in queue_main.WARM_SIGNALS} == signals
+
+
+def test_fork_server_warms_up_once_past_a_few_queue_processes(monkeypatch) -> None:
+    """The warm-up's throw-away queues pay off for a root of many queues only: it runs once,
+    before forking the batch that takes the queue processes asked for past WARM_AFTER, and
+    the timers and scandir daemons it also forks do not count.  (No fork here: the seam
+    rq.proc.fork_adopted answers as if the fork had failed.)"""
+    warmed: list[int] = []
+    monkeypatch.setattr(forkserver.proc, "fork_adopted", lambda keeps: None)
+    monkeypatch.setattr(forkserver.gc, "freeze", lambda: None)  # not this test process's
+    sock, peer = socket.socketpair()
+    with sock, peer:
+        other = types.ModuleType("rq.timers.__main__")
+        server = forkserver.Server(sock, {**forkserver.QUEUE_ONLY, "rq.timers": other},
+                                   warm=lambda: warmed.append(server.queues))
+
+        def batch(program: types.ModuleType, n: int) -> list:
+            return [(i, program, [], [os.open(os.devnull, os.O_RDONLY) for _ in range(2)])
+                    for i in range(n)]
+        server.start(batch(other, 5))
+        server.start(batch(queue_main, forkserver.WARM_AFTER - 1))
+        server.start(batch(queue_main, 1))
+        assert warmed == []
+        server.start(batch(queue_main, 2))
+        assert warmed == [forkserver.WARM_AFTER + 2]  # counted with the batch it came before
+        server.start(batch(queue_main, 50))
+        assert warmed == [forkserver.WARM_AFTER + 2]  # counted with the batch it came before
 
 
 def test_forked_queue_killed_is_reaped_restarted_and_its_orphan_job_reaped(

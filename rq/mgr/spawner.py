@@ -48,8 +48,9 @@ class Spawner:
         self.server: subprocess.Popen[bytes] | None = None
         self.ready = False
 
-    def start(self, sample_argv: list[str]) -> None:
-        """Start the fork server when queues run the default program (`sample_argv`)."""
+    def start(self, sample_argv: list[str], queues: int = 0) -> None:
+        """Start the fork server when queues run the default program (`sample_argv`); the
+        root has `queues` queues now (the server warms up at once for many)."""
         if sample_argv[:len(self.queue_argv)] != self.queue_argv:
             return
         if not proc.become_subreaper():
@@ -60,7 +61,7 @@ class Spawner:
         try:
             self.server = subprocess.Popen(
                 [*proc.python_argv("rq.forkserver"), "--sock-fd", str(theirs.fileno()),
-                 "--title", f"[rq-que-fork] {self.root}"],
+                 "--title", f"[rq-que-fork] {self.root}", "--queues", str(queues)],
                 cwd=self.root, env=self.env, stdin=subprocess.DEVNULL,
                 start_new_session=True, pass_fds=(theirs.fileno(),), close_fds=True)
         except OSError as exc:

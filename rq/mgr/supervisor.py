@@ -86,13 +86,15 @@ class Manager:
             raise RQError(
                 f"ERROR: cannot bind config/queuemgr.sock: {exc.strerror or exc}") from exc
         self.events_hub.start()
-        self.spawner.start(self.argv_for("queue", "-"))  # it imports while the web starts
+        queues = self.scan_queues()
+        # it imports (and, for many queues, warms up) while the web starts
+        self.spawner.start(self.argv_for("queue", "-"), len(queues))
         log.info("rq-mgr started, pid %d, root %s", os.getpid(), self.root)
         self.ready_deadline = time.monotonic() + READY_CAP  # the web's wait counts too
         if WEB in SERVICES:
             self.start_web()
         now = time.monotonic()
-        self.add_children("queue", self.scan_queues(), now)
+        self.add_children("queue", queues, now)
         for kind in SERVICES:
             if kind != WEB:
                 self.add_child(kind, kind, now)

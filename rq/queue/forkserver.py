@@ -1,8 +1,9 @@
 """The queue fork server (issue 17): queue processes forked from one preloaded parent.
 
 `python -m rq.queue.forkserver --sock-fd F`, or rq.forkserver, which rq-mgr starts
-(rq.mgr.spawner) with one end of a socket pair.  Once, it imports what a queue process runs
-and runs a few throw-away queues (rq.queue.__main__.warm_up); then, for each request on the
+(rq.mgr.spawner) with one end of a socket pair.  Once, it imports what a queue process runs,
+and for a root of more than WARM_AFTER queues (`--queues`, or once that many are asked for)
+runs a few throw-away queues (rq.queue.__main__.warm_up); then, for each request on the
 socket (`{"id": I, "module": M, "argv": [...]}` plus the lifeline read end and the ready
 write end as SCM_RIGHTS), it forks and answers `{"id": I, "pid": N}` or `{"id": I, "error": TEXT}`.
 The forked process does what `python -m M ARGV --lifeline-fd L --ready-fd R` does, from
@@ -42,7 +43,7 @@ import select
 import socket
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import ModuleType
 
 import setproctitle
@@ -55,6 +56,11 @@ MAX_REQUEST = 65536
 # imported before the server forks anything.
 Programs = Mapping[str, ModuleType]
 QUEUE_ONLY: Programs = {"rq.queue": queue_main}
+# The warm-up (~0.07 CPU-s) saves each queue process forked after it ~0.1-0.2 MiB of private
+# memory (issue 17): worth it for a root of many queues, not for one of a few.  It runs at
+# start when the root has more queues than this, else before forking the batch that takes
+# the number of queue processes asked for past it (queues created later).
+WARM_AFTER = 4
 
 
 def main(argv: list[str] | None = None, programs: Programs = QUEUE_ONLY,
@@ -62,17 +68,26 @@ def main(argv: list[str] | None = None, programs: Programs = QUEUE_ONLY,
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--sock-fd", type=int, required=True)
     parser.add_argument("--title", default="[rq-que-fork]")
+    parser.add_argument("--queues", type=int, default=0,
+                        help="queue processes the root will ask for at start")
     args = parser.parse_args(argv)
     setproctitle.setproctitle(args.title)
     threading.stack_size(THREAD_STACK)  # inherited: 1 MiB of address space, not 8, per thread
     sock = socket.socket(fileno=args.sock_fd)
-    queue_main.warm_up(args.title)  # imports and runs what every queue process runs
+    # Runs what every queue process runs, in this process: at once for a root of many queues
+    # (while rq-mgr starts the web server), else once many are asked for.
+    def warm() -> None:
+        queue_main.warm_up(args.title)
+    later: Callable[[], None] | None = warm
+    if args.queues > WARM_AFTER:
+        warm()
+        later = None
     gc.disable()  # enabled again in each queue process (gc.freeze() docs)
     try:
         sock.sendall(b'{"ready": true}')
     except OSError:  # rq-mgr is gone already (a start that failed): nothing to serve
         return 0
-    forked = Server(sock, programs).serve()
+    forked = Server(sock, programs, warm=later).serve()
     if forked is None:
         return 0
     gc.enable()
@@ -101,9 +116,12 @@ class Server:
     `select.poll` object, not a selector: it holds no descriptor that a forked queue
     process could later close by mistake."""
 
-    def __init__(self, sock: socket.socket, programs: Programs = QUEUE_ONLY) -> None:
+    def __init__(self, sock: socket.socket, programs: Programs = QUEUE_ONLY,
+                 warm: Callable[[], None] | None = None) -> None:
         self.sock = sock
         self.programs = programs
+        self.warm = warm  # None once it has run
+        self.queues = 0  # queue processes asked for so far
         self.poll = select.poll()
         self.poll.register(sock, select.POLLIN)
         self.middles: dict[int, tuple[list[object], int]] = {}  # pipe -> (ids, middle pid)
@@ -151,6 +169,10 @@ class Server:
               ) -> tuple[ModuleType, list[str]] | None:
         if not batch:
             return None
+        self.queues += sum(program is queue_main for _, program, _, _ in batch)
+        if self.warm is not None and self.queues > WARM_AFTER:
+            warm, self.warm = self.warm, None
+            warm()
         argvs = [[*argv, "--lifeline-fd", str(fds[0]), "--ready-fd", str(fds[1])]
                  for _, _, argv, fds in batch]
         try:
