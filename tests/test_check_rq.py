@@ -107,6 +107,15 @@ def test_all_normal(rq_http: FakeRQ) -> None:
     expect(check_rq(rq_http), 0, "OK: all queue tests normal")
 
 
+def test_the_environments_proxies_are_not_used(rq_http: FakeRQ) -> None:
+    """A monitoring probe talks to the RQ it names: proxy variables pointing nowhere (and no
+    no_proxy exception) change nothing."""
+    rq_http.set_queues(a=queue_txt(done=1))
+    dead = "http://127.0.0.1:1"
+    expect(check_rq(rq_http, http_proxy=dead, HTTP_PROXY=dead, all_proxy=dead, no_proxy=""),
+           0, "OK: all queue tests normal")
+
+
 def test_no_queues_is_ok(rq_http: FakeRQ) -> None:
     rq_http.set_queues()
     expect(check_rq(rq_http), 0, "OK: all queue tests normal")

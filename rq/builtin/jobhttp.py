@@ -2,12 +2,12 @@
 
 Owns the requests a builtin job makes to another server: URL-encoded forms and multipart
 uploads (the file streamed from disk, its length announced), Basic auth, one kept-alive
-connection per origin, connect and read timeouts, and the environment's proxy settings as
-requests reads them (`http_proxy`, `https_proxy`, `all_proxy`, lower case first; `no_proxy`;
-credentials in a proxy URL go out as Proxy-Authorization; https through a proxy is a CONNECT
-tunnel).  TLS is verified against the system's CA store (ssl.create_default_context;
-SSL_CERT_FILE overrides it), or against the bundle REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE names,
-as with requests.
+connection per origin, connect and read timeouts, and (unless `proxies=False`, as check_rq
+asks) the environment's proxy settings as requests reads them (`http_proxy`, `https_proxy`,
+`all_proxy`, lower case first; `no_proxy`; credentials in a proxy URL go out as
+Proxy-Authorization; https through a proxy is a CONNECT tunnel).  TLS is verified against
+the system's CA store (ssl.create_default_context; SSL_CERT_FILE overrides it), or against
+the bundle REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE names, as with requests.
 
 Stdlib only, like jobio, and for start-up cost: a builtin job is a process per attempt, and
 importing requests cost it about twice the rest of its start-up (python -X importtime);
@@ -39,7 +39,7 @@ class Client:
     through a proxy); redirects are not followed."""
 
     def __init__(self, auth: tuple[str, str] | None, connect_timeout: float,
-                 read_timeout: float) -> None:
+                 read_timeout: float, *, proxies: bool = True) -> None:
         import http.client  # imported here so that importing this module costs nothing
 
         self.http = http.client
@@ -49,6 +49,7 @@ class Client:
             OSError, http.client.HTTPException, UnicodeError, RemoteError)
         self.auth = basic_auth(auth) if auth else None
         self.conns: dict[tuple[str, ...], Any] = {}
+        self.proxies = proxies  # False: the environment's proxy settings are ignored
 
     def get(self, url: str) -> tuple[int, bytes]:
         return self.request("GET", url, b"", {})
@@ -155,7 +156,7 @@ class Client:
 
     def proxy_for(self, scheme: str, netloc: str) -> tuple[str, str, int, str | None] | None:
         """(scheme, host, port, Proxy-Authorization) of the proxy for this origin, or None."""
-        if not any(key.lower().endswith("_proxy") for key in os.environ):
+        if not self.proxies or not any(key.lower().endswith("_proxy") for key in os.environ):
             return None   # the common case, without urllib.request's import
         import urllib.request
         proxies = urllib.request.getproxies_environment()
