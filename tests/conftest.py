@@ -141,7 +141,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     log = tmp_path_factory.mktemp("spark") / "spark.log"
     conf = {"spark.sql.shuffle.partitions": "1", **session.INTERPRETED_CONF,
             "spark.driver.extraJavaOptions": session.WARMUP_OPTIONS}
-    with session.spark_session("local[1]", conf, log_path=str(log)) as s:
+    # It maps the class-data archive when there is one, but never writes it: a session that
+    # lives until the run ends would write it then, and hold the claim (so every other Spark
+    # JVM of the run would go without) all along.
+    with session.spark_session("local[1]", conf, log_path=str(log), cds_write=False) as s:
         yield s
 
 

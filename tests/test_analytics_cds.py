@@ -86,3 +86,29 @@ def test_archive_is_written_once_then_used_and_a_corrupt_one_is_ignored(tmp_path
     assert corrupt["cache"] == second["cache"]
     assert "shared objects file (top)" not in (tmp_path / "bad.txt").read_text()
     assert "org.apache.spark.SparkContext source: " in (tmp_path / "bad.txt").read_text()
+
+
+def test_one_run_writes_a_missing_archive_and_leftovers_are_swept(tmp_path: Path) -> None:
+    """Runs started together (a fresh install's first runs, the test suite's) dump one
+    archive, not one each: the first claims it (`KEY.claim`, its pid) and the others run
+    without while that process lives.  A claim or temporary archive whose process is gone is
+    swept; a session told not to write (cds_write=False) never claims."""
+    from rq.analytics import session
+    d = str(tmp_path)
+    opts, tmp = session.cds_options(d, "k", "")
+    assert "-XX:ArchiveClassesAtExit=" in opts and tmp == f"{d}/k.{os.getpid()}.tmp"
+    assert (tmp_path / "k.claim").read_text() == str(os.getpid())
+    assert session.cds_options(d, "k", "") == ("", None)  # claimed by a live process
+    (tmp_path / "k.claim").unlink()
+    assert session.cds_options(d, "k", "", write=False) == ("", None)
+    assert not (tmp_path / "k.claim").exists()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (tmp_path / "k.claim").write_text(str(gone.pid))
+    (tmp_path / f"k.{gone.pid}.tmp").write_bytes(b"half an archive")
+    opts, tmp = session.cds_options(d, "k", "")
+    assert tmp is not None and (tmp_path / "k.claim").read_text() == str(os.getpid())
+    assert sorted(os.listdir(d)) == ["k.claim"]  # the dead run's archive swept
+    (tmp_path / "k.jsa").write_bytes(b"an archive")
+    assert session.cds_options(d, "k", "", write=False)[0] == \
+        f"-XX:SharedArchiveFile={d}/k.jsa -Xshare:auto"

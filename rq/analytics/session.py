@@ -218,12 +218,22 @@ def cds_key(java_version: str, env: Mapping[str, str]) -> str:
     return h.hexdigest()[:24]
 
 
-def cds_options(directory: str, key: str, user_options: str) -> tuple[str, str | None]:
+def cds_options(directory: str, key: str, user_options: str, write: bool = True
+                ) -> tuple[str, str | None]:
     """The JVM options for the archive `key` in `directory` and, when this run writes it, the
     temporary file it goes to (renamed by `finish_cds` once the JVM has exited cleanly).
-    Nothing when the user's own options already decide about class data sharing."""
+    Nothing when the user's own options already decide about class data sharing, and nothing
+    when the archive is missing and this run is not to write it (`write` False, or another
+    live process is writing it: runs started together dump one archive, not one each)."""
     if any(opt in user_options for opt in CDS_OPTIONS):
         return "", None
+    for old in glob.glob(os.path.join(directory, "*.tmp")) + glob.glob(
+            os.path.join(directory, "*.claim")):  # left by killed runs (~180 MB each)
+        if leftover(old):
+            try:
+                os.unlink(old)
+            except OSError:
+                pass
     archive = os.path.join(directory, key + ".jsa")
     if os.path.exists(archive):
         try:
@@ -231,16 +241,43 @@ def cds_options(directory: str, key: str, user_options: str) -> tuple[str, str |
         except OSError:
             pass
         return f"-XX:SharedArchiveFile={archive} -Xshare:auto", None
-    now = time.time()
-    for old in glob.glob(os.path.join(directory, "*.tmp")):  # left by killed runs
-        try:
-            if now - os.stat(old).st_mtime > STALE_TMP:
-                os.unlink(old)
-        except OSError:
-            pass
+    if not write:
+        return "", None
+    claim = os.path.join(directory, key + ".claim")  # our pid while our JVM runs
+    try:
+        fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError:
+        return "", None  # another live process writes this archive (or no write access)
+    try:
+        os.write(fd, b"%d" % os.getpid())
+    finally:
+        os.close(fd)
     tmp = os.path.join(directory, f"{key}.{os.getpid()}.tmp")
     # The dump lists every class it cannot archive as a warning: thousands of log lines.
     return f"-XX:ArchiveClassesAtExit={tmp} -Xlog:cds=error,cds+dynamic=error", tmp
+
+
+def leftover(path: str) -> bool:
+    """Is this claim (KEY.claim, holding a pid) or temporary archive (KEY.PID.tmp) left by a
+    run that is gone, or older than STALE_TMP?"""
+    try:
+        if time.time() - os.stat(path).st_mtime > STALE_TMP:
+            return True
+        if path.endswith(".claim"):
+            with open(path, "rb") as fh:
+                text = fh.read(16)
+        else:
+            text = os.path.basename(path).split(".")[1].encode()
+        pid = int(text)
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        pass
+    return False
 
 
 def finish_cds(tmp: str) -> None:
@@ -264,12 +301,17 @@ def finish_cds(tmp: str) -> None:
             rc = proc.wait(timeout=300)
         except (OSError, subprocess.TimeoutExpired):
             rc = None
+    directory, key = os.path.dirname(tmp), os.path.basename(tmp).split(".")[0]
     try:
         if rc == 0 and os.path.getsize(tmp) > 0:
-            os.replace(tmp, tmp.rsplit(".", 2)[0] + ".jsa")
-            prune_archives(os.path.dirname(tmp))
+            os.replace(tmp, os.path.join(directory, key + ".jsa"))
+            prune_archives(directory)
         else:
             os.unlink(tmp)
+    except OSError:
+        pass
+    try:
+        os.unlink(os.path.join(directory, key + ".claim"))
     except OSError:
         pass
 
@@ -329,11 +371,13 @@ def is_loopback(master: str) -> bool:
 
 @contextmanager
 def spark_session(master: str, conf: Mapping[str, str], *, log_path: str | None = None,
-                  input_bytes: int | None = None) -> Iterator[Any]:
+                  input_bytes: int | None = None, cds_write: bool = True) -> Iterator[Any]:
     """A SparkSession for `master` with the default conf plus `conf`, stopped (and its temp
     directory removed) on exit.  The JVM's own output goes to `log_path` (default: a file in
-    the temp dir); `input_bytes` is what the run will read, when known (driver_java_options).
-    Raises AnalyticsError when Java or pyspark is missing."""
+    the temp dir); `input_bytes` is what the run will read, when known (driver_java_options);
+    `cds_write` False: a missing class-data archive is not written by this JVM (a session
+    that lives long would write it only when it ends).  Raises AnalyticsError when Java or
+    pyspark is missing."""
     version = check_java(os.environ)
     try:
         from pyspark.sql import SparkSession
@@ -342,8 +386,13 @@ def spark_session(master: str, conf: Mapping[str, str], *, log_path: str | None 
     tmpdir = tempfile.mkdtemp(prefix="rq-analytics-")
     dump: list[str] = []
     try:
-        spark = _start(SparkSession, master, conf, tmpdir, log_path, version, dump,
-                       input_bytes)
+        try:
+            spark = _start(SparkSession, master, conf, tmpdir, log_path, version, dump,
+                           input_bytes, cds_write)
+        except BaseException:
+            if dump:  # no JVM will write it: let another run claim the archive
+                finish_cds(dump[0])
+            raise
         try:
             yield spark
         finally:
@@ -356,7 +405,7 @@ def spark_session(master: str, conf: Mapping[str, str], *, log_path: str | None 
 
 def _start(session_cls: Any, master: str, conf: Mapping[str, str], tmpdir: str,
            log_path: str | None, java_version: str, dump: list[str],
-           input_bytes: int | None = None) -> Any:
+           input_bytes: int | None = None, cds_write: bool = True) -> Any:
     conf_dir = os.path.join(tmpdir, "conf")
     os.makedirs(conf_dir)
     log4j = prepare_env(conf_dir, os.environ, is_loopback(master))  # type: ignore[arg-type]
@@ -369,7 +418,7 @@ def _start(session_cls: Any, master: str, conf: Mapping[str, str], tmpdir: str,
         os.environ["SPARK_CONF_DIR"] = os.path.join(cache, "conf")  # stable and empty
         user = " ".join(settings.get(k, "") for k in (
             "spark.driver.extraJavaOptions", "spark.driver.defaultJavaOptions"))
-        cds, tmp = cds_options(cache, cds_key(java_version, os.environ), user)
+        cds, tmp = cds_options(cache, cds_key(java_version, os.environ), user, cds_write)
         jvm_opts.append(cds)
         if tmp:
             dump.append(tmp)
