@@ -260,6 +260,7 @@ def cds_options(directory: str, key: str, user_options: str, write: bool = True
 def leftover(path: str) -> bool:
     """Is this claim (KEY.claim, holding a pid) or temporary archive (KEY.PID.tmp) left by a
     run that is gone, or older than STALE_TMP?"""
+    from rq.proc import alive
     try:
         if time.time() - os.stat(path).st_mtime > STALE_TMP:
             return True
@@ -268,16 +269,9 @@ def leftover(path: str) -> bool:
                 text = fh.read(16)
         else:
             text = os.path.basename(path).split(".")[1].encode()
-        pid = int(text)
+        return not alive(int(text))
     except (OSError, ValueError, IndexError):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, OverflowError):
-        pass
-    return False
 
 
 def finish_cds(tmp: str) -> None:
