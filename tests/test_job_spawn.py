@@ -12,14 +12,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from rq import proc
-from rqtest import QueueProc, make_queue, write_script
+from rqtest import QueueProc, make_queue, process_gone, wait_for, write_script
 
 PROBE = f"""#!{sys.executable}
 import json, os
@@ -146,10 +145,7 @@ def test_start_time_is_psutils_create_time_and_none_for_the_gone() -> None:
     assert proc.start_time(os.getpid()) == psutil.Process(os.getpid()).create_time()
     assert proc.alive_with_start(os.getpid(), proc.start_time(os.getpid()))
     child = subprocess.Popen(["/bin/true"])
-    deadline = time.monotonic() + 10
-    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
-        assert time.monotonic() < deadline, "child never exited"
-        time.sleep(0.01)
+    wait_for(lambda: process_gone(child.pid), 10, 0.01, "the child to exit")
     assert proc.start_time(child.pid) is None  # exited, not yet reaped
     child.wait()
     assert proc.start_time(child.pid) is None
@@ -176,10 +172,7 @@ def test_identity_from_proc_agrees_with_psutil() -> None:
             assert proc.group_alive(titled.pid)  # its own group, led by a live process
         finally:
             titled.kill()
-        deadline = time.monotonic() + 10
-        while psutil.Process(titled.pid).status() != psutil.STATUS_ZOMBIE:
-            assert time.monotonic() < deadline, "child never died"
-            time.sleep(0.01)
+        wait_for(lambda: process_gone(titled.pid), 10, 0.01, "the child to die")
         # a zombie: gone for all three, though kill(pid, 0) still reaches it
         assert not proc.alive(titled.pid) and proc.command_line(titled.pid) is None
         assert not proc.group_alive(titled.pid)
