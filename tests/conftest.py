@@ -136,10 +136,11 @@ def mgr_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One local Spark session for the in-process analytics tests (the "spark" unit above),
     with a small local run's settings (session.default_conf for a tiny input): the warm-up
-    JVM options, interpreted evaluation; and one shuffle partition."""
+    JVM options, the tiny-input settings (interpreted, no adaptive plans) and one shuffle
+    partition."""
     from rq.analytics import session
     log = tmp_path_factory.mktemp("spark") / "spark.log"
-    conf = {"spark.sql.shuffle.partitions": "1", **session.INTERPRETED_CONF,
+    conf = {"spark.sql.shuffle.partitions": "1", **session.TINY_CONF,
             "spark.driver.extraJavaOptions": session.WARMUP_OPTIONS}
     # It maps the class-data archive when there is one, but never writes it: a session that
     # lives until the run ends would write it then, and hold the claim (so every other Spark

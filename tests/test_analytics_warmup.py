@@ -24,8 +24,8 @@ import pytest
 from rqtest import REPO, make_root, wait_for
 
 from rq.analytics import compact, manifest
-from rq.analytics.session import (INTERPRETED_BYTES, INTERPRETED_CONF, PARQUET_WEIGHT,
-                                  THROUGHPUT_OPTIONS, WARMUP_BYTES, WARMUP_OPTIONS, default_conf,
+from rq.analytics.session import (PARQUET_WEIGHT, THROUGHPUT_OPTIONS, TINY_BYTES, TINY_CONF,
+                                  WARMUP_BYTES, WARMUP_OPTIONS, default_conf,
                                   driver_java_options)
 from rq.events import encode_event
 
@@ -64,21 +64,25 @@ def test_small_local_inputs_get_the_warmup_options_and_the_rest_the_throughput_o
         THROUGHPUT_OPTIONS
 
 
-def test_tiny_local_inputs_are_evaluated_interpreted(tmp_path: Path) -> None:
-    assert INTERPRETED_CONF == {"spark.sql.codegen.wholeStage": "false",
-                                "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
-    assert INTERPRETED_BYTES == 4 << 20  # docs/benchmarks.md, 2026-11-27
+def test_tiny_local_inputs_are_evaluated_interpreted_without_adaptive_plans(tmp_path: Path
+                                                                          ) -> None:
+    assert TINY_CONF == {"spark.sql.codegen.wholeStage": "false",
+                         "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+                         "spark.sql.adaptive.enabled": "false"}
+    assert TINY_BYTES == 4 << 20  # docs/benchmarks.md, 2026-11-27
 
-    def interpreted(master: str, size: int | None) -> bool:
+    def tiny(master: str, size: int | None) -> bool:
         conf = default_conf(master, str(tmp_path), size)
-        picked = {k: conf[k] for k in INTERPRETED_CONF if k in conf}
-        assert picked in ({}, INTERPRETED_CONF), picked
-        return bool(picked)
+        picked = {k: conf.get(k) for k in TINY_CONF}
+        other = {"spark.sql.codegen.wholeStage": None, "spark.sql.codegen.factoryMode": None,
+                 "spark.sql.adaptive.enabled": "true"}  # Spark's own codegen, adaptive plans
+        assert picked in (other, TINY_CONF), picked
+        return picked == TINY_CONF
     for master in ("local[*]", "local[2]", "local"):
-        assert interpreted(master, 0) and interpreted(master, INTERPRETED_BYTES - 1)
-        assert not interpreted(master, INTERPRETED_BYTES)
-        assert not interpreted(master, None)  # size unknown
-    assert not interpreted("spark://127.0.0.1:7077", 10) and not interpreted("yarn", 10)
+        assert tiny(master, 0) and tiny(master, TINY_BYTES - 1)
+        assert not tiny(master, TINY_BYTES)
+        assert not tiny(master, None)  # size unknown
+    assert not tiny("spark://127.0.0.1:7077", 10) and not tiny("yarn", 10)
 
 
 def write_day(events_dir: Path, day: str, sizes: dict[str, int]) -> None:
@@ -215,7 +219,7 @@ def test_a_tiny_run_starts_its_jvm_with_the_warmup_options_unless_the_user_chose
     cmdline = run_analytics(root, tmp_path / "out1")
     assert "-XX:+UseSerialGC" in cmdline and "-XX:TieredStopAtLevel=1" in cmdline, cmdline
     assert "-XX:+UseParallelGC" not in cmdline, cmdline
-    for key, value in INTERPRETED_CONF.items():  # spark-submit's --conf pairs
+    for key, value in TINY_CONF.items():  # spark-submit's --conf pairs
         assert f"{key}={value}" in cmdline, cmdline
 
     # The user's own options replace the default (the first run showed a whole run works: this

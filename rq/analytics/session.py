@@ -123,24 +123,28 @@ def driver_java_options(master: str, input_bytes: int | None, user_default: str 
                             or (USER_JIT.search(user_default) and USER_JIT.match(o))))
 
 
-# Expression evaluation by the input's size: Spark compiles generated Java (Janino) for each
-# whole stage and for each projection, ordering and predicate of every query it plans, and a run
-# is many small queries: over a tiny input it spends more CPU compiling (and looking up the
-# names the generated code refers to in every jar of its class path) than evaluating.  Below
-# INTERPRETED_BYTES a local run evaluates interpreted, Spark's own path for code it cannot
-# compile (same results).  Measured (docs/benchmarks.md, 2026-11-27): a run over the incremental
-# tests' history (a few thousand events) 1.2 CPU-s cheaper in the JVM (-30 %); level at 2.5 MB of
-# event log; 5 % dearer at 25 MB.
-INTERPRETED_BYTES = 4 << 20  # of raw event log, a Parquet byte counting PARQUET_WEIGHT
-INTERPRETED_CONF = {"spark.sql.codegen.wholeStage": "false",
-                    "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+# Tiny inputs by their size: Spark compiles generated Java (Janino) for each whole stage and for
+# each projection, ordering and predicate of every query it plans, and a run is many small
+# queries: over a tiny input it spends more CPU compiling (and looking up the names the generated
+# code refers to in every jar of its class path) than evaluating.  Below TINY_BYTES a local run
+# evaluates interpreted, Spark's own path for code it cannot compile, and plans each query once
+# (adaptive execution off: it runs every shuffle stage as a job of its own and replans after it,
+# which pays off for skewed or large shuffles, not for a few partitions of kilobytes).  Same
+# results.  Measured (docs/benchmarks.md): over the incremental tests' history (a few thousand
+# events) interpreted evaluation 1.2 CPU-s cheaper a run in the JVM (-30 %), level at 2.5 MB of
+# event log, 5 % dearer at 25 MB; adaptive execution off on top, an incremental and a full run
+# 5.7 against 7.1 CPU-s (-20 %, 20 Spark jobs against 38 and 9 against 22).
+TINY_BYTES = 4 << 20  # of raw event log, a Parquet byte counting PARQUET_WEIGHT
+TINY_CONF = {"spark.sql.codegen.wholeStage": "false",
+             "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+             "spark.sql.adaptive.enabled": "false"}
 
 
 def default_conf(master: str, tmpdir: str, input_bytes: int | None = None,
                  user_default: str = "") -> dict[str, str]:
     """The quiet, fast configuration (SPARK.md); `--conf` values override it.  `input_bytes`
     (None: unknown) and the user's defaultJavaOptions pick the driver's JVM options;
-    `input_bytes` picks interpreted evaluation too."""
+    `input_bytes` picks the tiny-input settings too (TINY_CONF)."""
     cores = os.cpu_count() or 2
     parallel = "2" if master == "local[1]" else str(max(2, 2 * cores))
     loopback = {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
@@ -167,7 +171,7 @@ def default_conf(master: str, tmpdir: str, input_bytes: int | None = None,
         # input after 128 keys by default; the hourly percentiles have ~100 queues x 720 hours.
         "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "1000000",
         "spark.log.level": "ERROR",
-        **(INTERPRETED_CONF if small_local(master, input_bytes, INTERPRETED_BYTES) else {}),
+        **(TINY_CONF if small_local(master, input_bytes, TINY_BYTES) else {}),
         **(loopback if is_loopback(master) else {}),
     }
 
