@@ -163,6 +163,16 @@ class QueueProc:
         finally:
             self.log.close()
 
+    def kill(self) -> None:
+        """SIGKILL of its group: a crash."""
+        try:
+            if self.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(10)
+        finally:
+            self.log.close()
+
     def __enter__(self) -> QueueProc:
         return self
 

@@ -6,9 +6,12 @@ compact JSON with msg_id, dest, due, count 0, max_count 15, orig_msg_id; ids
 nothing starts.  Each run spawns `python -m rq.queue` and times, from the
 spawn, the first `ping` answer and the first `num_messages` that shows
 que == N ("serving again"), then reads the process's RSS (psutil) and stops
-it.  Each run times two starts: after a crash (the `.que-index` a clean stop
-leaves removed first: every que/ID/msg is read, S2.7) and after the clean stop
-of that start (its index read instead, rq.queue.snapshot).  Medians of --runs
+it.  Each run times three starts: with no index at all (`.que-index` and
+`.que-checkpoint` removed first: every que/ID/msg is read, S2.7; this start
+then waits for its first checkpoint, RQ_QUE_CHECKPOINT_SECONDS=1, and is
+killed with SIGKILL), after that crash (the running queue's checkpoint: a stat
+of each msg instead of a read) and after the clean stop of that start (its
+index read instead, rq.queue.snapshot).  Medians of --runs
 runs over the same directory (its files are in the page cache after the first
 write: a warm-cache figure).  An empty queue's start is timed too, as the
 floor (interpreter start and imports).
@@ -64,9 +67,15 @@ def write_messages(qdir: Path, n: int) -> None:
             fh.write(dumps(fields).encode())
 
 
-def start_once(root: Path, n: int) -> tuple[float, float, float]:
-    """(seconds to ping, seconds to num_messages que == n, RSS MB then)."""
-    q = QueueProc(root, wait=False)
+def start_once(root: Path, n: int, crash: bool = False) -> tuple[float, float, float]:
+    """(seconds to ping, seconds to num_messages que == n, RSS MB then).  `crash`: then
+    wait for the queue's checkpoint and SIGKILL it, else stop it gracefully."""
+    if crash:
+        os.environ["RQ_QUE_CHECKPOINT_SECONDS"] = "1"
+    try:
+        q = QueueProc(root, wait=False)
+    finally:
+        os.environ.pop("RQ_QUE_CHECKPOINT_SECONDS", None)
     try:
         timeout = 120.0
         wait_for(q.ping, timeout, "ping", interval=0.002)
@@ -82,6 +91,10 @@ def start_once(root: Path, n: int) -> tuple[float, float, float]:
         counts = q.call("num_messages")
         if counts["run"] or counts["done"] or counts["err"]:
             raise BenchError(f"a PAUSEd queue ran messages: {counts}")
+        if crash:
+            checkpoint = root / "queue" / QUEUE / ".que-checkpoint"  # rq.queue.snapshot
+            wait_for(checkpoint.exists, timeout, "the running queue's checkpoint", interval=0.05)
+            q.kill()
     finally:
         q.stop()
     return t_ping, t_ready, rss
@@ -105,15 +118,20 @@ def main() -> int:
         t = time.monotonic()
         write_messages(qdir, args.n)
         print(f"  wrote {args.n} messages in {time.monotonic() - t:.1f} s")
-        runs: dict[str, list[tuple[float, float, float]]] = {"crash": [], "stop": []}
+        runs: dict[str, list[tuple[float, float, float]]] = {"none": [], "crash": [],
+                                                              "stop": []}
         for i in range(args.runs):
-            (qdir / ".que-index").unlink(missing_ok=True)  # rq.queue.snapshot.NAME
+            for name in (".que-index", ".que-checkpoint"):  # rq.queue.snapshot
+                (qdir / name).unlink(missing_ok=True)
+            runs["none"].append(start_once(root, args.n, crash=True))
+            if (qdir / ".que-index").exists():
+                raise BenchError("a crash left a .que-index")
             runs["crash"].append(start_once(root, args.n))
             if not (qdir / ".que-index").exists():
                 raise BenchError("the clean stop left no .que-index")
             runs["stop"].append(start_once(root, args.n))
             for kind in runs:
-                print(f"  run {i + 1}, after a {kind:5}: ping {runs[kind][-1][0]:.2f} s, "
+                print(f"  run {i + 1}, {kind:5}: ping {runs[kind][-1][0]:.2f} s, "
                       f"serving {runs[kind][-1][1]:.2f} s, RSS {runs[kind][-1][2]:.0f} MB",
                       flush=True)
         print("  removing the temporary directory (untimed)...", flush=True)
@@ -122,7 +140,8 @@ def main() -> int:
     print(f"empty queue:  ping after {median([r[0] for r in empty_runs]):.2f} s, "
           f"RSS {median([r[2] for r in empty_runs]):.0f} MB  (interpreter + imports floor)")
     for kind, label in (("stop", "after a clean stop (its que/ index)"),
-                        ("crash", "after a crash (every msg read)")):
+                        ("crash", "after a crash (the running queue's checkpoint)"),
+                        ("none", "with no index at all (every msg read)")):
         rows = runs[kind]
         ping, ready = median([r[0] for r in rows]), median([r[1] for r in rows])
         rss = median([r[2] for r in rows])

@@ -186,3 +186,136 @@ def test_no_index_when_que_changed_after_the_clock(root: Path) -> None:
         time.time = clock  # type: ignore[assignment]
     assert not (qdir / snapshot.NAME).exists()
     assert snapshot.save(store, items, N) and (qdir / snapshot.NAME).exists()
+
+
+# ---------------------------------------------------------------- the running queue's checkpoint
+def entry(items: list[Any], mid: str) -> Any:
+    return next(item for item in items if item.msg_id == mid)
+
+
+def past_file_clock(path: Path) -> None:
+    """Wait until the clock is more than TICK past `path`'s ctime (a condition, not a sleep:
+    a checkpoint taken now is then later than every change made so far)."""
+    ctime = path.stat().st_ctime_ns
+    wait_for(lambda: time.time_ns() > ctime + 2 * snapshot.TICK * 1e9, 5, interval=0.005,
+             what="the clock to pass the last change")
+
+
+def test_a_checkpoint_keeps_unchanged_entries_and_every_changed_message_is_read(
+        root: Path) -> None:
+    qdir = make_queue(root, "q", "/bin/true")
+    ids = write_que(qdir, N)
+    store = Store(str(root), "q")
+    que = qdir / "que"
+    past_file_clock(que / ids[-1] / "msg")
+    items = scanned(store)
+    # One entry differs from its file, as no full read could give it: proof that unchanged
+    # messages keep the checkpoint's entry instead of being read.
+    marked = entry(items, ids[9])._replace(tries=99)
+    taken = time.time_ns()
+    assert snapshot.save_checkpoint(store, [marked if i.msg_id == ids[9] else i for i in items],
+                                    taken)
+    checkpoint = snapshot.load_checkpoint(store)
+    assert checkpoint is not None and checkpoint[0] == taken and len(checkpoint[1]) == N
+    assert entry(recovery.que_items(store, time.time(), checkpoint), ids[9]).tries == 99
+
+    def rewrite(mid: str, **change: Any) -> None:
+        fields = json.loads((que / mid / "msg").read_text())
+        (que / mid / "msg.new").write_text(json.dumps({**fields, **change}))
+        os.rename(que / mid / "msg.new", que / mid / "msg")
+    rewrite(ids[5], due=5)                                     # replaced by rename, as RQ does
+    with open(que / ids[6] / "msg", "r+") as f:                # rewritten in place
+        text = f.read().replace('"count":', '"count":1', 1)  # 0 -> 10, 3 -> 13, 14 -> 114
+        f.seek(0)
+        f.write(text)
+    os.rename(que / ids[7], qdir / "err" / ids[7])             # gone
+    (que / ids[8] / "msg").rename(que / ids[8] / "other")     # a symlink in its place: read
+    (que / ids[8] / "msg").symlink_to("other")
+    new = msg_id(N + 7)                                        # added
+    (que / new).mkdir()
+    (que / new / "msg").write_text(json.dumps({"msg_id": new, "dest": "q", "due": 2}))
+    os.chmod(que / ids[9] / "msg", 0o600)                      # its ctime changes: read again
+
+    got = sorted(recovery.que_items(store, time.time(), snapshot.load_checkpoint(store)))
+    assert got == scanned(store)  # every field of every entry, as a full read now
+    assert entry(got, ids[5]).due == 5 and entry(got, ids[6]).tries != entry(items, ids[6]).tries
+    assert ids[7] not in {i.msg_id for i in got}
+    assert entry(got, ids[9]).tries == entry(items, ids[9]).tries and got[0].msg_id == new
+    assert (qdir / snapshot.CHECKPOINT).is_file()  # it stays: every use checks it again
+
+
+def test_a_damaged_or_foreign_checkpoint_is_not_used(root: Path) -> None:
+    qdir = make_queue(root, "q", "/bin/true")
+    write_que(qdir, N)
+    store = Store(str(root), "q")
+    path = qdir / snapshot.CHECKPOINT
+    items = scanned(store)
+    taken = time.time_ns()
+    assert snapshot.save_checkpoint(store, items, taken)
+    good = path.read_bytes()
+    assert snapshot.save_checkpoint(store, items, taken - 1)  # another one, one ns earlier
+    other = path.read_bytes()
+    head = good.index(b"\n") + 1
+    end = len(good) - snapshot.BLOCK.size
+    mid = len(good) // 2
+    damaged = {
+        "torn": good[:mid],
+        "no end mark": good[:end],
+        "flipped byte": good[:mid] + bytes([good[mid] ^ 1]) + good[mid + 1:],
+        "count changed": good[:end] + snapshot.BLOCK.pack(0, N - 1),
+        "blocks of another checkpoint": good[:head] + other[other.index(b"\n") + 1:],
+        "other format": good.replace(snapshot.CHECKPOINT_MAGIC, b"rq-que-checkpoint 9", 1),
+        "from the future": good.replace(b"%d\n" % taken, b"%d\n" % (taken + 10**12), 1),
+        "no time": good.replace(b"%d\n" % taken, b"x\n", 1),
+        "empty": b"",
+    }
+    for what, data in damaged.items():
+        assert data != good, what
+        path.write_bytes(data)
+        assert snapshot.load_checkpoint(store) is None, what
+    path.write_bytes(good)
+    assert snapshot.load_checkpoint(store) == (taken, {i.msg_id: i for i in items})
+
+
+def checkpoint_used(root: Path) -> list[str]:
+    text = (root / "log" / "queuemgr.log").read_text()
+    return [line for line in text.splitlines()
+            if "from the running queue's last checkpoint" in line]
+
+
+def test_a_start_after_a_crash_reads_the_running_queues_checkpoint(root: Path) -> None:
+    """S2.7 after a SIGKILL: the checkpoint the running queue wrote (RQ_QUE_CHECKPOINT_SECONDS
+    shortens its 60 s) stands in for the msg files that did not change since, and the start
+    sees exactly what a full read sees: messages created, sent to the front and deleted after
+    the checkpoint included."""
+    qdir = make_queue(root, "q", "/bin/true")
+    write_que(qdir, N)
+    (root / "config" / "q.pause").touch()  # nothing starts: que/ changes only as told below
+    path = qdir / snapshot.CHECKPOINT
+    q = QueueProc(root, "q", {"RQ_QUE_CHECKPOINT_SECONDS": "0.2"})
+    try:
+        wait_for(path.is_file, 20, what="the running queue's checkpoint")
+        first = path.stat().st_mtime_ns
+        assert q.call("create_message", {"dest": "q", "param1": "late"})[0] == "ok"
+        wait_for(lambda: path.stat().st_mtime_ns != first, 20, what="a second checkpoint")
+        # after it: a msg rewritten (sent to the front of the queue) and a deletion
+        assert q.call("run_message", {"msg_id": msg_id(11)})[0] == "ok"
+        assert q.call("delete_message", {"msg_id": msg_id(12)})[0] == "ok"
+        assert q.call("create_message", {"dest": "q", "param1": "later"})[0] == "ok"
+        before = listing(q)
+    finally:
+        q.kill()
+    assert not (qdir / snapshot.NAME).exists()  # no clean stop: no stop index
+    q = QueueProc(root, "q")
+    try:
+        used = checkpoint_used(root)
+        assert len(used) == 1 and f"of {N + 1} entries" in used[0], used
+        assert listing(q) == before
+    finally:
+        q.kill()
+    path.unlink()
+    q = QueueProc(root, "q")  # every msg read: the same
+    try:
+        assert listing(q) == before and len(checkpoint_used(root)) == 1
+    finally:
+        assert q.stop() == 0

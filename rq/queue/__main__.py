@@ -56,9 +56,12 @@ def serve_with(ctx: Context, fs: fsops.FsOps) -> int:
     from rq.queue.process import QueueProcess
     try:
         q = QueueProcess(ctx.config, cfg, fs, lifeline_fd=ctx.lifeline_fd, ready_fd=ctx.ready.fd)
-        refresh = count_refresh_seconds(ctx.env)
+        refresh = seam_seconds(ctx.env, "RQ_COUNT_REFRESH_SECONDS")
         if refresh is not None:
             q.state.set_count_refresh(refresh)
+        every = seam_seconds(ctx.env, "RQ_QUE_CHECKPOINT_SECONDS")
+        if every is not None:
+            q.state.checkpoints.set_every(every)
         return q.run()
     except RQError as exc:
         log.error("%s", exc)
@@ -143,10 +146,11 @@ def write_json(path: str, obj: object) -> None:
         json.dump(obj, fh)
 
 
-def count_refresh_seconds(env: Mapping[str, str]) -> float | None:
-    """Test seam: RQ_COUNT_REFRESH_SECONDS shortens the 60 s re-count from disk (S7.3)."""
+def seam_seconds(env: Mapping[str, str], name: str) -> float | None:
+    """Test seams that shorten a 60 s period: RQ_COUNT_REFRESH_SECONDS the re-count from disk
+    (S7.3), RQ_QUE_CHECKPOINT_SECONDS the que/ checkpoint (rq.queue.snapshot)."""
     try:
-        value = float(env.get("RQ_COUNT_REFRESH_SECONDS", ""))
+        value = float(env.get(name, ""))
     except ValueError:
         return None
     return value if 0 < value <= 60 else None

@@ -135,8 +135,7 @@ class QueueProcess:
                 self.publish_ended(ended, error)
                 for job in started:  # the log never shows more than num_workers running
                     self.log_start(job)
-        if time.monotonic() >= self.state.next_count_refresh:
-            self.state.refresh_counts()
+        self.state.housekeeping(time.monotonic())
 
     def next_timeout(self) -> float:
         """Seconds until something is due: the earliest of every owner's next wake."""
@@ -149,7 +148,7 @@ class QueueProcess:
             cap = IDLE_PASS_INTERVAL if self.idle_sleep else PASS_INTERVAL
             timeout = min([cap] + [max(0.0, at - now) + 0.001 for at in wakes if at is not None])
             for at in [*(at for at, _ in self.group_kills), self.stop_kill_at,
-                       self.state.next_count_refresh]:  # the re-count from disk (S7.3)
+                       self.state.next_housekeeping()]:  # re-count (S7.3), checkpoint
                 if at is not None:
                     timeout = min(timeout, max(0.0, at - mono))
             if self.state.stopping and self.group_kills:

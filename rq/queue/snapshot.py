@@ -23,6 +23,15 @@ A queue with fewer than MIN_ENTRIES queued messages writes none: its full read c
 than the file.  What a file cannot see: a `que/ID/msg` rewritten in place (not renamed in)
 while its queue was stopped; RQ itself only replaces msg files by rename, and only while the
 queue runs.  README, conformance notes.
+
+Also owns `.que-checkpoint`, for a start after a crash (no `.que-index`): `save_checkpoint`
+writes the entries as they were at one moment of a running queue (`Checkpoints`, run by
+QueueState.housekeeping now and then), `load_checkpoint` gives them back with that moment;
+the file stays.  It is never trusted as a whole: recovery lists que/ and keeps an entry only for a
+message still there whose msg file has not changed since (its ctime, which every rename of a
+new msg into place and every write sets, more than TICK before the moment); every other
+message is read.  Each block's CRC-32 is seeded with the header's, so that blocks of two
+different checkpoints never pass as one file.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import logging
 import marshal
 import os
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Iterable
@@ -44,6 +54,10 @@ log = logging.getLogger(__name__)
 
 NAME = ".que-index"
 MAGIC = b"rq-que-index 2"
+CHECKPOINT = ".que-checkpoint"
+CHECKPOINT_MAGIC = b"rq-que-checkpoint 1"
+CHECKPOINT_EVERY = 60.0  # seconds at least between two checkpoints
+SPREAD = 20  # ... and 20 times as long as the last one took (at most ~5 % of one core)
 MIN_ENTRIES = 1000
 TICK = 0.025  # > the coarse clock's step of file times (1 jiffy: 4 ms at HZ=250, 10 at 100)
 CHUNK = 4096  # entries per block
@@ -62,12 +76,12 @@ def header(ident: tuple[int, ...]) -> bytes:
     return b" ".join([MAGIC, b"%d" % marshal.version, *(b"%d" % v for v in ident)]) + b"\n"
 
 
-def encode(items: list[QueItem]) -> bytes:
+def encode(items: list[QueItem], seed: int = 0) -> bytes:
     """One block: the entries as plain tuples (due, id, dest, params, tries), marshalled
     (the C loader is 4x faster than a JSON line each; equal strings in a block are stored
     once, so the dests and the empty params of a block stay shared objects)."""
     data = marshal.dumps(tuple(item[:5] for item in items))
-    return BLOCK.pack(len(data), zlib.crc32(data)) + data
+    return BLOCK.pack(len(data), zlib.crc32(data, seed)) + data
 
 
 def decode(data: bytes) -> list[QueItem]:
@@ -88,18 +102,7 @@ def save(store: Store, items: Iterable[QueItem], count: int) -> bool:
     tmp = path + ".tmp"
     try:
         ident = identity(store.state_dir("que"))
-        n = 0
-        with open(tmp, "wb") as f:
-            f.write(header(ident))
-            block: list[QueItem] = []
-            for item in items:
-                block.append(item)
-                if len(block) >= CHUNK:
-                    f.write(encode(block))
-                    n, block = n + len(block), []
-            if block:
-                f.write(encode(block))
-            f.write(BLOCK.pack(0, n + len(block)))
+        write_file(tmp, header(ident), items, 0)
         if identity(store.state_dir("que")) != ident:
             raise OSError("que/ changed while its index was written")
         os.rename(tmp, path)
@@ -114,6 +117,40 @@ def save(store: Store, items: Iterable[QueItem], count: int) -> bool:
     if wait > 0:
         time.sleep(wait)  # a later change of que/ gets a later ctime than the one recorded
     return True
+
+
+def write_file(path: str, head: bytes, items: Iterable[QueItem], seed: int) -> None:
+    """The header, the entries in blocks, the end mark with their count."""
+    n = 0
+    with open(path, "wb") as f:
+        f.write(head)
+        block: list[QueItem] = []
+        for item in items:
+            block.append(item)
+            if len(block) >= CHUNK:
+                f.write(encode(block, seed))
+                n, block = n + len(block), []
+        if block:
+            f.write(encode(block, seed))
+        f.write(BLOCK.pack(0, n + len(block)))
+
+
+def read_blocks(f: BinaryIO, seed: int) -> list[QueItem] | None:
+    """The entries after the header, or None when the file is torn or damaged."""
+    items: list[QueItem] = []
+    try:
+        while True:
+            length, crc = BLOCK.unpack(f.read(BLOCK.size))
+            if length == 0:
+                if crc == len(items) and f.read(1) == b"":
+                    return items
+                return None
+            data = f.read(length)
+            if len(data) != length or zlib.crc32(data, seed) != crc:
+                return None
+            items.extend(decode(data))
+    except (ValueError, TypeError, EOFError, struct.error):
+        return None
 
 
 def load(store: Store) -> list[QueItem] | None:
@@ -142,19 +179,96 @@ def _read(f: BinaryIO, store: Store) -> list[QueItem] | None:
     if first != header(ident):
         log.info("que/ changed since the last stop: reading every queued message")
         return None
-    items: list[QueItem] = []
+    items = read_blocks(f, 0)
+    if items is None:
+        log.warning("the que/ index %s is damaged: reading every queued message", NAME)
+    return items
+
+
+# ---------------------------------------------------------------- the running queue's checkpoint
+def save_checkpoint(store: Store, items: Iterable[QueItem], taken_ns: int) -> bool:
+    """Write `.que-checkpoint`: the entries `items` as they were at `taken_ns` (time.time_ns()
+    when they were copied from the index).  False on an error (logged; an earlier checkpoint
+    stays, checked at a start like any other)."""
+    path = os.path.join(store.qdir, CHECKPOINT)
+    tmp = path + ".tmp"
+    head = b"%s %d %d\n" % (CHECKPOINT_MAGIC, marshal.version, taken_ns)
     try:
-        while True:
-            length, crc = BLOCK.unpack(f.read(BLOCK.size))
-            if length == 0:
-                if crc == len(items) and f.read(1) == b"":
-                    return items
-                break
-            data = f.read(length)
-            if len(data) != length or zlib.crc32(data) != crc:
-                break
-            items.extend(decode(data))
-    except (ValueError, TypeError, EOFError, struct.error):
-        pass
-    log.warning("the que/ index %s is damaged: reading every queued message", NAME)
-    return None
+        write_file(tmp, head, items, zlib.crc32(head))
+        os.rename(tmp, path)
+    except (OSError, ValueError) as exc:
+        unlink_quiet(tmp)
+        log.warning("cannot write the que/ checkpoint: %s", exc)
+        return False
+    return True
+
+
+def load_checkpoint(store: Store) -> tuple[int, dict[str, QueItem]] | None:
+    """(the moment it was taken in ns, its entries by msg id), or None when there is no usable
+    checkpoint (missing, damaged, another format, or taken in the future: a clock set back).
+    The file stays: recovery checks every entry it keeps against que/."""
+    path = os.path.join(store.qdir, CHECKPOINT)
+    try:
+        with open(path, "rb") as f:
+            head = f.readline(512)
+            magic, _, rest = head.rpartition(b" %d " % marshal.version)
+            try:
+                taken_ns = int(rest)
+            except ValueError:
+                taken_ns = -1
+            if magic != CHECKPOINT_MAGIC or taken_ns < 0 or taken_ns > time.time_ns():
+                log.info("the que/ checkpoint is of another format or from the future: unused")
+                return None
+            items = read_blocks(f, zlib.crc32(head))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("cannot read the que/ checkpoint: %s", exc)
+        return None
+    if items is None:
+        log.warning("the que/ checkpoint is damaged: reading every queued message")
+        return None
+    return taken_ns, {item.msg_id: item for item in items}
+
+
+class Checkpoints:
+    """When the running queue writes `.que-checkpoint`: at most every `every` seconds and
+    SPREAD times as long as the last write took, only while MIN_ENTRIES or more are queued
+    and que/ changed since the last one (its identity), from a thread (a million entries take
+    ~2.5 s to write; the loop only copies the list)."""
+
+    def __init__(self, store: Store, every: float = CHECKPOINT_EVERY) -> None:
+        self.store = store
+        self.set_every(every)
+        self.busy = False
+        self.written: tuple[int, ...] | None = None  # que/'s identity at the last one
+
+    def set_every(self, seconds: float) -> None:
+        self.every = seconds
+        self.next_at = time.monotonic() + seconds
+
+    def take(self, order: Iterable[QueItem], count: int) -> None:
+        """Called by the loop, holding the queue's lock, once `next_at` has passed."""
+        self.next_at = time.monotonic() + self.every
+        if self.busy or count < MIN_ENTRIES:
+            return
+        try:
+            ident = identity(self.store.state_dir("que"))
+        except OSError:
+            return
+        if ident == self.written:
+            return
+        items = list(order)
+        if len(items) != count:  # dups are entries of both (as at a stop)
+            return
+        self.busy = True
+        threading.Thread(target=self.write, args=(items, time.time_ns(), ident),
+                         name="que-checkpoint", daemon=True).start()
+
+    def write(self, items: list[QueItem], taken_ns: int, ident: tuple[int, ...]) -> None:
+        started = time.monotonic()
+        ok = save_checkpoint(self.store, items, taken_ns)
+        ended = time.monotonic()
+        self.written = ident if ok else None
+        self.next_at = max(self.next_at, ended + SPREAD * (ended - started))
+        self.busy = False

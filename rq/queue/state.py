@@ -67,6 +67,7 @@ class QueueState:
         self.started_mono = time.monotonic()
         self.count_refresh = COUNT_REFRESH
         self.next_count_refresh = time.monotonic() + COUNT_REFRESH
+        self.checkpoints = snapshot.Checkpoints(self.store)  # for a start after a crash
         self.base_env = J.base_env(main)
         self.script_check = J.ScriptCheck()     # S6.1.1 at each start, redone on a change
 
@@ -409,6 +410,19 @@ class QueueState:
             job.status_on_disk = text
         except OSError as exc:
             log.warning("status update failed: %s", exc)
+
+    # ================================================================ housekeeping
+    def housekeeping(self, mono: float) -> None:
+        """The loop's work now and then: the re-count from disk (S7.3), the que/ checkpoint
+        a start after a crash reads (S2.7, rq.queue.snapshot)."""
+        if mono >= self.next_count_refresh:
+            self.refresh_counts()
+        if mono >= self.checkpoints.next_at:
+            with self.lock:
+                self.checkpoints.take(self.index.order, len(self.index.que))
+
+    def next_housekeeping(self) -> float:
+        return min(self.next_count_refresh, self.checkpoints.next_at)
 
     # ================================================================ counts (S7.3)
     def count_finished(self) -> dict[str, int]:
