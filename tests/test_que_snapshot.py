@@ -84,21 +84,26 @@ def test_any_change_of_que_after_the_stop_refuses_the_index(root: Path) -> None:
         assert not path.exists()
 
 
-def test_a_damaged_index_is_refused_as_a_whole(root: Path) -> None:
-    store, path = saved_store(root)
-    good = path.read_bytes()
+def damages(good: bytes, magic: bytes) -> dict[str, bytes]:
+    """A good file of N entries (an index or a checkpoint) damaged in the ways a crash, a disk
+    or a user can damage it."""
     end = len(good) - snapshot.BLOCK.size
     mid = len(good) // 2
-    damaged = {
+    return {
         "torn": good[:mid],
         "no end mark": good[:end],
         "flipped byte": good[:mid] + bytes([good[mid] ^ 1]) + good[mid + 1:],
         "count changed": good[:end] + snapshot.BLOCK.pack(0, N - 1),
         "after the end": good + good[-20:],
-        "other format": good.replace(snapshot.MAGIC, b"rq-que-index 9", 1),
+        "other format": good.replace(magic, magic[:-1] + b"9", 1),
         "empty": b"",
     }
-    for what, data in damaged.items():
+
+
+def test_a_damaged_index_is_refused_as_a_whole(root: Path) -> None:
+    store, path = saved_store(root)
+    good = path.read_bytes()
+    for what, data in damages(good, snapshot.MAGIC).items():
         assert data != good
         path.write_bytes(data)
         os.utime(path)  # not que/: the header still matches for all but "empty"
@@ -255,19 +260,12 @@ def test_a_damaged_or_foreign_checkpoint_is_not_used(root: Path) -> None:
     good = path.read_bytes()
     assert snapshot.save_checkpoint(store, items, taken - 1)  # another one, one ns earlier
     other = path.read_bytes()
-    head = good.index(b"\n") + 1
-    end = len(good) - snapshot.BLOCK.size
-    mid = len(good) // 2
     damaged = {
-        "torn": good[:mid],
-        "no end mark": good[:end],
-        "flipped byte": good[:mid] + bytes([good[mid] ^ 1]) + good[mid + 1:],
-        "count changed": good[:end] + snapshot.BLOCK.pack(0, N - 1),
-        "blocks of another checkpoint": good[:head] + other[other.index(b"\n") + 1:],
-        "other format": good.replace(snapshot.CHECKPOINT_MAGIC, b"rq-que-checkpoint 9", 1),
+        **damages(good, snapshot.CHECKPOINT_MAGIC),
+        "blocks of another checkpoint": good[:good.index(b"\n") + 1]
+        + other[other.index(b"\n") + 1:],
         "from the future": good.replace(b"%d\n" % taken, b"%d\n" % (taken + 10**12), 1),
         "no time": good.replace(b"%d\n" % taken, b"x\n", 1),
-        "empty": b"",
     }
     for what, data in damaged.items():
         assert data != good, what
