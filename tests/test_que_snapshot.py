@@ -317,3 +317,29 @@ def test_a_start_after_a_crash_reads_the_running_queues_checkpoint(root: Path) -
         assert listing(q) == before and len(checkpoint_used(root)) == 1
     finally:
         assert q.stop() == 0
+
+
+def test_checkpoints_are_written_for_large_queues_and_only_after_que_changed(root: Path) -> None:
+    qdir = make_queue(root, "q", "/bin/true")
+    ids = write_que(qdir, N)
+    store = Store(str(root), "q")
+    path = qdir / snapshot.CHECKPOINT
+    items = scanned(store)
+    checkpoints = snapshot.Checkpoints(store, every=3600)
+    assert checkpoints.next_at > time.monotonic() + 3000
+
+    checkpoints.take(items[:snapshot.MIN_ENTRIES - 1], snapshot.MIN_ENTRIES - 1)  # too few
+    assert not checkpoints.busy and not path.exists()
+    checkpoints.take(items, N)
+    wait_for(lambda: not checkpoints.busy, 10, what="the checkpoint's thread")
+    assert snapshot.load_checkpoint(store) is not None and checkpoints.next_at > time.monotonic()
+    written = path.stat().st_ino
+    checkpoints.take(items, N)  # que/ unchanged since: nothing to write
+    assert not checkpoints.busy and path.stat().st_ino == written
+
+    os.rename(qdir / "que" / ids[0], qdir / "err" / ids[0])  # que/ changed
+    checkpoints.take(items[1:], N - 1)
+    wait_for(lambda: not checkpoints.busy, 10, what="the checkpoint's thread")
+    assert path.stat().st_ino != written
+    checkpoint = snapshot.load_checkpoint(store)
+    assert checkpoint is not None and len(checkpoint[1]) == N - 1
