@@ -160,8 +160,12 @@ def waitress_server(app: Any, **adjustments: Any) -> Iterator[int]:
     try:
         yield server.effective_port
     finally:
-        server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
+        try:
+            server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
+        except OSError:  # the trigger closed itself (its pipe seen closed or hung up): the
+            wasyncore.close_all(server._map)  # loop gets no thunk; close its map from here
         thread.join(10)
+        assert not thread.is_alive(), "the waitress loop did not stop"
         server.task_dispatcher.shutdown()
 
 
