@@ -320,6 +320,7 @@ def test_a_start_after_a_crash_reads_the_running_queues_checkpoint(root: Path) -
 
 
 def test_checkpoints_are_written_for_large_queues_and_only_after_que_changed(root: Path) -> None:
+    """Below MIN_ENTRIES none is written and an earlier one is removed."""
     qdir = make_queue(root, "q", "/bin/true")
     ids = write_que(qdir, N)
     store = Store(str(root), "q")
@@ -343,3 +344,9 @@ def test_checkpoints_are_written_for_large_queues_and_only_after_que_changed(roo
     assert path.stat().st_ino != written
     checkpoint = snapshot.load_checkpoint(store)
     assert checkpoint is not None and len(checkpoint[1]) == N - 1
+
+    checkpoints.take(items[:10], 10)  # a few left: a stale file would cost a start more
+    assert not path.exists() and not checkpoints.busy
+    checkpoints.take(items, N)  # many again: written again, que/ unchanged or not
+    wait_for(lambda: not checkpoints.busy, 10, what="the checkpoint's thread")
+    assert path.exists()

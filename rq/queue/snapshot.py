@@ -235,13 +235,15 @@ class Checkpoints:
     """When the running queue writes `.que-checkpoint`: at most every `every` seconds and
     SPREAD times as long as the last write took, only while MIN_ENTRIES or more are queued
     and que/ changed since the last one (its identity), from a thread (a million entries take
-    ~2.5 s to write; the loop only copies the list)."""
+    ~2.5 s to write; the loop only copies the list).  Below MIN_ENTRIES the file is removed:
+    a start after a crash would load all of a stale one's entries to use a few."""
 
     def __init__(self, store: Store, every: float = CHECKPOINT_EVERY) -> None:
         self.store = store
         self.set_every(every)
         self.busy = False
         self.written: tuple[int, ...] | None = None  # que/'s identity at the last one
+        self.small = False  # below MIN_ENTRIES since the last look (the file removed)
 
     def set_every(self, seconds: float) -> None:
         self.every = seconds
@@ -250,8 +252,14 @@ class Checkpoints:
     def take(self, order: Iterable[QueItem], count: int) -> None:
         """Called by the loop, holding the queue's lock, once `next_at` has passed."""
         self.next_at = time.monotonic() + self.every
-        if self.busy or count < MIN_ENTRIES:
+        if self.busy:
             return
+        if count < MIN_ENTRIES:
+            if not self.small:
+                unlink_quiet(os.path.join(self.store.qdir, CHECKPOINT))
+                self.small, self.written = True, None
+            return
+        self.small = False
         try:
             ident = identity(self.store.state_dir("que"))
         except OSError:
