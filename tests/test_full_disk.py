@@ -127,11 +127,14 @@ def test_full_file_system(small: tuple[str, Path], tmp_path: Path) -> None:
         assert resp.status_code < 500 or resp.status_code == 503, resp.status_code
         body = resp.json()
         assert body[0] == "fail" and "No space left on device" in body[1], body
-        # the jobs end while the disk is full: they wait in run/, retried with backoff
+        # the jobs end while the disk is full: they wait in run/, retried with backoff.  The
+        # three that run now end first: one of them fails to finish, or all three finish (on
+        # spares and buckets made ahead).  Those queued behind them may not even start until
+        # inodes are back (a job start takes spares the queue may not have made in time).
         release.touch()
         wait_for(lambda: log_lines(root, "cannot finish") >= 1 or all(
             client.call_queue(str(root), "test", "get_message_state", {"msg_id": a})[1]
-            == "done" for a in acked), 20, what="the first finish attempt")
+            == "done" for a in acked[:3]), 20, what="the first finish attempt")
         assert client.call_queue(str(root), "test", "ping") == ["pong"]
         assert client.call_mgr(str(root), "ping") == ["pong"]
         assert requests.get(f"http://127.0.0.1:{port}/q.json", timeout=30).status_code == 200
