@@ -51,7 +51,7 @@ DIRNAME = ".spare"
 KINDS = {"msg": "msg", "job": "stdio.log", "file": ""}
 DURABLE = {"msg"}      # kinds whose directory is fsynced before use
 SYNC_BATCH = 8         # durable spares made per shared fsync
-LOW, HIGH = 8, 32      # refill when fewer than LOW are ready, up to HIGH (LOW until one is used)
+LOW, HIGH = 8, 32      # refill when fewer than LOW are ready, up to HIGH
 KEEP = 2 * HIGH        # recycled files kept at most; beyond that they are deleted
 RETRY_AFTER = 5.0      # seconds to wait after a failure to make one
 
@@ -64,11 +64,6 @@ class Spares:
         self._closed = False
         self._serial = 0
         self._thread: threading.Thread | None = None
-        # Up to LOW of each kind until the queue first takes one, then up to HIGH: a queue
-        # that stays idle (most of a host with many queues, issue 17) makes a quarter of the
-        # inodes at its start (24 against 96; 4 against 13 ms of CPU).
-        self._target = LOW
-        self._topping = False  # just put to use: every kind up to HIGH, whatever LOW says
 
     def reset(self) -> None:
         """Remove what an earlier run left and start the filler thread."""
@@ -89,11 +84,12 @@ class Spares:
     def take(self, kind: str = "msg") -> str | None:
         """A ready spare directory of `kind` (its file inside), or None."""
         with self._cond:
-            if self._target != HIGH:
-                self._target, self._topping = HIGH, True
             ready = self._ready[kind]
-            path = ready.pop() if ready else None
-            if len(ready) < LOW or self._topping:
+            if not ready:
+                self._wake_filler()
+                return None
+            path = ready.pop()
+            if len(ready) < LOW:
                 self._wake_filler()
             return path
 
@@ -119,15 +115,14 @@ class Spares:
             return len(self._ready[kind])
 
     def _wanted(self) -> list[str]:
-        """Kinds to make, one entry per spare, when any kind is below LOW (or the pool was
-        just put to use)."""
-        if not self._topping and all(len(r) >= LOW for r in self._ready.values()):
+        """Kinds to make, one entry per spare, when any kind is below LOW."""
+        if all(len(r) >= LOW for r in self._ready.values()):
             return []
-        return [kind for kind, r in self._ready.items() for _ in range(self._target - len(r))]
+        return [kind for kind, r in self._ready.items() for _ in range(HIGH - len(r))]
 
     def _wake_filler(self) -> None:
         """Start the filler thread when a kind is below LOW and it does not run (called
-        with the lock held).  It leaves once it has made every kind up to its target: an
+        with the lock held).  It leaves once it has made every kind up to HIGH again: an
         idle queue keeps its spares but no thread for them (a thread is private memory of
         each of a host's queue processes, issue 17)."""
         if self._thread is None and not self._closed and self._wanted():
@@ -137,10 +132,10 @@ class Spares:
     def _fill(self) -> None:
         while True:
             with self._cond:
-                wanted = self._wanted()
-                if self._closed or not wanted:
-                    self._thread, self._topping = None, False
+                if self._closed or not self._wanted():
+                    self._thread = None
                     return
+                wanted = self._wanted()
             try:
                 self._make_all(wanted)
             except OSError as exc:

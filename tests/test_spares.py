@@ -39,33 +39,10 @@ def store(tmp_path: Path):
     st = Store(str(root), "s")
     st.spares = Spares(st.qdir)
     st.spares.reset()
-    wait_for(lambda: all(st.spares.ready(k) >= spares.LOW for k in spares.KINDS), 10,
-             what="spares made")
-    used = st.spares.take("file")  # the pool in use: each kind made up to HIGH
-    assert used is not None
-    os.unlink(used)
     wait_for(lambda: all(st.spares.ready(k) >= spares.HIGH for k in spares.KINDS), 10,
-             what="spares made up to HIGH")
+             what="spares made")
     yield st
     st.spares.close()
-
-
-def test_a_new_pool_holds_low_of_each_kind_until_one_is_taken(tmp_path: Path) -> None:
-    """Issue 17: a queue that stays idle makes LOW spares of each kind at its start, not
-    HIGH; the first one it takes (of any kind) brings every kind up to HIGH."""
-    pool = Spares(str(tmp_path))
-    pool.reset()
-    try:
-        wait_for(lambda: fillers() == 0, 10, what="the first spares made")
-        assert {k: pool.ready(k) for k in spares.KINDS} == dict.fromkeys(spares.KINDS, spares.LOW)
-        assert spare_count(tmp_path) == spares.LOW
-        assert pool.take("msg") is not None
-        wait_for(lambda: all(pool.ready(k) >= spares.HIGH for k in spares.KINDS), 10,
-                 what="every kind made up to HIGH")
-        wait_for(lambda: fillers() == 0, 10, what="the filler gone")
-        assert pool.ready("msg") == pool.ready("job") == spares.HIGH
-    finally:
-        pool.close()
 
 
 def test_allocate_claims_a_spare_and_leaves_only_msg(store: Store) -> None:
@@ -164,10 +141,10 @@ def test_reset_clears_leftovers(tmp_path: Path) -> None:
     sp = Spares(str(qdir))
     sp.reset()
     try:
-        wait_for(lambda: all(sp.ready(k) >= spares.LOW for k in spares.KINDS),
+        wait_for(lambda: all(sp.ready(k) >= spares.HIGH for k in spares.KINDS),
                  10, what="spares made")
         names = os.listdir(qdir / spares.DIRNAME)
-        assert len(names) == len(spares.KINDS) * spares.LOW
+        assert len(names) == len(spares.KINDS) * spares.HIGH
         for name in names:
             kind = name.split("-")[0]
             path = qdir / spares.DIRNAME / name
@@ -197,9 +174,9 @@ def test_msg_spares_are_fsynced_before_they_are_handed_out(tmp_path: Path,
     sp = Spares(str(qdir))
     sp.reset()
     try:
-        wait_for(lambda: all(sp.ready(k) >= spares.LOW for k in spares.KINDS), 10,
+        wait_for(lambda: all(sp.ready(k) >= spares.HIGH for k in spares.KINDS), 10,
                  what="spares made")
-        taken = [sp.take("msg") for _ in range(spares.LOW)]
+        taken = [sp.take("msg") for _ in range(spares.HIGH)]
         assert None not in taken
         assert set(taken) <= set(synced)
         assert all(os.path.basename(p).startswith("msg-") for p in synced), synced
@@ -228,7 +205,7 @@ def test_running_queue_keeps_spares_and_fsck_is_clean(root: Path) -> None:
     qdir = root / "queue" / "f"
     q = QueueProc(root, "f")
     try:
-        wait_for(lambda: spare_count(qdir) >= spares.LOW, 10, what="spares made")
+        wait_for(lambda: spare_count(qdir) >= spares.HIGH, 10, what="spares made")
         ids = [q.call("create_message", {"dest": "f", "param1": str(i)})[1] for i in range(50)]
         wait_for(lambda: spare_count(qdir) >= spares.LOW, 10, what="refill")
     finally:
@@ -256,17 +233,12 @@ def test_job_start_claims_job_and_file_spares(root: Path, tmp_path: Path) -> Non
     script.chmod(0o755)
     make_queue(root, "j", script=str(script))
     qdir = root / "queue" / "j"
-    (root / "config" / "j.pause").touch()
     q = QueueProc(root, "j")
     try:
-        wait_for(lambda: spare_count(qdir) >= spares.LOW, 10, what="the first spares")
-        # Queued while paused: the msg spare it takes brings every kind from LOW up to
-        # HIGH (exactly, as nothing else takes one), then the job starts.
-        full = q.call("create_message", {"dest": "j"})[1]
-        wait_for(lambda: all(spare_count(qdir, k) == spares.HIGH for k in spares.KINDS), 10,
+        wait_for(lambda: all(spare_count(qdir, k) >= spares.HIGH for k in spares.KINDS), 10,
                  what="spares of every kind")
         before = file_spare_inodes(qdir)
-        (root / "config" / "j.pause").unlink()
+        full = q.call("create_message", {"dest": "j"})[1]
         q.wait_state(full, "done")
         assert spare_count(qdir, "job") == spares.HIGH - 1
         # pid, proc.json and three statuses took five `file` spares; four came
@@ -286,12 +258,6 @@ def test_job_start_claims_job_and_file_spares(root: Path, tmp_path: Path) -> Non
     assert "hello-from-job" in stdio
 
 
-def published(qdir: Path) -> bool:
-    """The first msg spares are handed out: their batch is fsynced and published before
-    any `job` spare is made."""
-    return spare_count(qdir) >= spares.LOW and spare_count(qdir, "job") > 0
-
-
 def test_fault_each_enqueue_op_with_spares(root: Path) -> None:
     """Spares on: each op of a create fails once in turn.  A spare whose
     publishing rename fails falls back to mkdir (the reply may then be ok); whatever the reply,
@@ -304,7 +270,7 @@ def test_fault_each_enqueue_op_with_spares(root: Path) -> None:
         return q.call("create_message", {"dest": "f", "param1": "x"})
 
     ops = learn_ops(root, "f", create, plan="spares,",
-                    ready=lambda q: published(root / "queue" / "f"))
+                    ready=lambda q: spare_count(root / "queue" / "f") >= spares.HIGH)
     # The msg is written and fsynced inside the spare, which a rename then publishes
     # as prep/ID: no mkdir on the request path, and two fsyncs in all (the msg
     # file, que/ after the commit rename), one fewer than a directory made anew.
@@ -319,7 +285,8 @@ def test_fault_each_enqueue_op_with_spares(root: Path) -> None:
             env = {"RQ_FS_FAULTS": f"spares,{op}:{nth}:{err}"}
             q = QueueProc(root, "f", env=env)
             try:
-                wait_for(lambda: published(root / "queue" / "f"), 10, what="spares")
+                wait_for(lambda: spare_count(root / "queue" / "f") >= spares.HIGH, 10,
+                         what="spares")
                 reply = create(q)
                 assert reply[0] in ("ok", "fail"), reply
                 outcome[(op, nth, err)] = reply[0]
