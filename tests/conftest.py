@@ -53,9 +53,13 @@ START_FIRST = ("spark", "spark-cli", "chromium", "test_web_security.py", "test_r
 FIRST_IN_UNIT = ("test_analytics_e2e.py",)
 
 
+def file_name(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+
+
 def worker_group(nodeid: str) -> str:
     """The unit of work a test belongs to: its file's name, or the group sharing a worker."""
-    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    name = file_name(nodeid)
     return SHARED_WORKER.get(name, name)
 
 
@@ -65,9 +69,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     def rank(item: pytest.Item) -> tuple[int, int]:
         group = worker_group(item.nodeid)
-        name = item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
         return (START_FIRST.index(group) if group in START_FIRST else len(START_FIRST),
-                0 if name in FIRST_IN_UNIT else 1)
+                0 if file_name(item.nodeid) in FIRST_IN_UNIT else 1)
     items.sort(key=rank)  # stable: a file's tests keep their order
 
 

@@ -96,8 +96,7 @@ def que_items(store: Store, now: float,
         os.close(dir_fd)
     if checkpoint is not None:
         log.info("que/ indexed: %d of %d entries from the running queue's last checkpoint, "
-                 "the others read",
-                 reused, len(items))
+                 "the others read", reused, len(items))
     return items
 
 
