@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from rq.errors import RQError
+from rq.fsops import unlink_quiet
 
 MIN_JAVA = 17
 LOG4J2 = """\
@@ -234,10 +235,7 @@ def cds_options(directory: str, key: str, user_options: str, write: bool = True
     for old in glob.glob(os.path.join(directory, "*.tmp")) + glob.glob(
             os.path.join(directory, "*.claim")):  # left by killed runs (~180 MB each)
         if leftover(old):
-            try:
-                os.unlink(old)
-            except OSError:
-                pass
+            unlink_quiet(old)
     archive = os.path.join(directory, key + ".jsa")
     if os.path.exists(archive):
         try:
@@ -308,10 +306,7 @@ def finish_cds(tmp: str) -> None:
             os.unlink(tmp)
     except OSError:
         pass
-    try:
-        os.unlink(os.path.join(directory, key + ".claim"))
-    except OSError:
-        pass
+    unlink_quiet(os.path.join(directory, key + ".claim"))
 
 
 def prune_archives(directory: str) -> None:
@@ -323,10 +318,7 @@ def prune_archives(directory: str) -> None:
             return 0.0
     archives = sorted(glob.glob(os.path.join(directory, "*.jsa")), key=mtime, reverse=True)
     for old in archives[KEEP_ARCHIVES:]:
-        try:
-            os.unlink(old)
-        except OSError:
-            pass
+        unlink_quiet(old)
 
 
 def prepare_env(conf_dir: str, env: dict[str, str], loopback: bool) -> str:
