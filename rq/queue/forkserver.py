@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import functools
 import gc
 import json
 import logging
@@ -76,18 +77,15 @@ def main(argv: list[str] | None = None, programs: Programs = QUEUE_ONLY,
     sock = socket.socket(fileno=args.sock_fd)
     # Runs what every queue process runs, in this process: at once for a root of many queues
     # (while rq-mgr starts the web server), else once many are asked for.
-    def warm() -> None:
-        queue_main.warm_up(args.title)
-    later: Callable[[], None] | None = warm
+    warm = functools.partial(queue_main.warm_up, args.title)
     if args.queues > WARM_AFTER:
         warm()
-        later = None
     gc.disable()  # enabled again in each queue process (gc.freeze() docs)
     try:
         sock.sendall(b'{"ready": true}')
     except OSError:  # rq-mgr is gone already (a start that failed): nothing to serve
         return 0
-    forked = Server(sock, programs, warm=later).serve()
+    forked = Server(sock, programs, warm=None if args.queues > WARM_AFTER else warm).serve()
     if forked is None:
         return 0
     gc.enable()
