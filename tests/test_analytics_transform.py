@@ -378,3 +378,74 @@ def test_summary_of_nothing() -> None:
                           "skipped_by_reason": {"torn": 0, "layout": 0, "crc": 0, "json": 0}}
     assert s["queues"] == {} and s["total"]["wait"]["p50"] is None
     assert s["total"]["throughput_per_hour"] == 0.0 and s["window"]["hours"] is None
+
+
+# ---------------------------------------------------------------- exact percentiles at any size
+
+
+def py_nearest(values: list[int]) -> list[int]:
+    """Nearest rank by hand: the ceil(n * p)-th smallest, p = 1/2, 9/10, 99/100."""
+    s = sorted(values)
+    return [s[(len(s) * a + b - 1) // b - 1] for a, b in ((1, 2), (9, 10), (99, 100))]
+
+
+@needs_spark
+def test_percentiles_are_exact_nearest_rank_beyond_ten_thousand_values(spark: Any) -> None:
+    """percentile_approx (the job's first definition) is exact only up to 10,000 values per
+    group; the facts' two-step percentiles are exact at any size, negative values and repeats
+    included, per queue, per hour and over everything (rq.analytics.facts)."""
+    from pyspark.sql import functions as F
+
+    from rq.analytics import facts
+
+    n = 40_000
+
+    def v_of(i: int) -> int:
+        return ((i * 7919) % 100_003) * (i % 5 + 1) - 5_000
+
+    def queue_of(i: int) -> str:
+        return "a" if i % 3 == 0 else "b"
+
+    def hour_of(i: int) -> int:
+        return 3600 * (i % 2)
+
+    ids = F.col("id")
+    raw = spark.range(n).select(
+        F.when(ids % 3 == 0, "a").otherwise("b").alias("queue"),
+        (ids % 2 * 3600).alias("hour"), F.lit("run").alias("kind"),
+        ((ids * 7919) % 100_003 * (ids % 5 + 1) - 5_000).alias("v"))
+    values = raw.groupBy("queue", "hour", "kind", "v").agg(F.count(F.lit(1)).alias("n"))
+    values_b = facts.by_queue(values)
+    got = facts.group_percentiles(spark, [r.asDict() for r in facts.coarse(values_b).collect()],
+                                  lambda _buckets: values_b)
+    by_queue: dict[str, list[int]] = {"a": [], "b": []}
+    by_hour: dict[tuple[str, int], list[int]] = {}
+    for i in range(n):
+        by_queue[queue_of(i)].append(v_of(i))
+        by_hour.setdefault((queue_of(i), hour_of(i)), []).append(v_of(i))
+    assert len(by_queue["b"]) > 25_000
+    for q, vals in by_queue.items():
+        assert got[(q, "run")] == [v / facts.US for v in py_nearest(vals)], q
+    everything = by_queue["a"] + by_queue["b"]
+    assert got[(None, "run")] == [v / facts.US for v in py_nearest(everything)]
+    hours = {(r["queue"], r["hour"]): [r["p50"], r["p90"], r["p99"], r["n"]]
+             for r in facts.hour_percentiles(values).collect()}
+    assert hours == {k: [*py_nearest(v), len(v)] for k, v in by_hour.items()}
+    stats = {r["queue"]: (r["n"], int(r["sum"])) for r in facts.value_stats(values_b).collect()}
+    assert stats == {q: (len(v), sum(v)) for q, v in by_queue.items()}
+
+
+@needs_spark
+def test_bucket_is_monotone(spark: Any) -> None:
+    """The coarse bucket (SQL, integer arithmetic) never orders two values against their
+    order: around every power of two up to 2**44 us (203 days), both signs, and 0."""
+    from rq.analytics import facts
+
+    samples = sorted({*range(-300, 300), *(s * (2 ** k + d) for k in range(2, 45)
+                                           for d in (-1, 0, 1) for s in (1, -1))})
+    rows = facts.literal_rows(spark, "v long", [(v,) for v in samples]).select(
+        "v", facts.bucket("v").alias("b")).collect()
+    got = sorted((r["v"], r["b"]) for r in rows)
+    assert [v for v, _ in got] == samples
+    keys = [b for _, b in got]
+    assert keys == sorted(keys) and len(set(keys)) > 150

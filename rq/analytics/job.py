@@ -118,7 +118,7 @@ def run_locked(spark: Any, opts: Options, out: str, started: float
                ) -> tuple[str, dict[str, Any]]:
     from pyspark import StorageLevel
 
-    from rq.analytics import load, summary
+    from rq.analytics import facts, load, summary
     from rq.analytics import transform as T
 
     clock = time.monotonic()
@@ -133,12 +133,12 @@ def run_locked(spark: Any, opts: Options, out: str, started: float
         # Materialised on its own so that the stages say what the message table cost.
         compaction["messages"] = messages.count()
         stages["messages"] = round(time.monotonic() - clock - sum(stages.values()), 3)
-    msg_rows = T.rows(T.message_stats(messages))
+    tables = facts.tables(facts.make(messages))
+    msg_rows, span_rows = facts.summary_rows(spark, tables)
     line_counts = counts()
     if opts.full:
         stages["read_check_messages"] = round(time.monotonic() - clock - stages["compact"], 3)
-    span_rows = T.rows(T.span_stats(messages))
-    errors = T.error_table(messages).persist()
+    errors = tables.errors.persist()
     queue_errors = T.rows(T.top_errors(errors))
     total_errors = T.rows(errors.groupBy("status").sum("n").withColumnRenamed("sum(n)", "n")
                           .orderBy(T.F.col("n").desc(), "status").limit(summary.TOP))
@@ -157,6 +157,7 @@ def run_locked(spark: Any, opts: Options, out: str, started: float
      .json(uri + "/hourly.json").coalesce(1).write.parquet(uri + "/hourly"))
     messages.unpersist()
     errors.unpersist()
+    facts.release(tables)
     stages["write"] = round(time.monotonic() - clock - sum(stages.values()), 3)
     meta = {"run_id": run_id, "generated_at": round(started, 3),
             "duration_s": round(time.monotonic() - clock, 3), "since": opts.since,

@@ -17,10 +17,8 @@ plus its raw ones.  Brought up to date the same way when days are compacted: mes
 in newly compacted days, or in days whose directory was replaced, are recomputed from their
 compacted events; the others keep their rows.
 
-The message table is then laid out as the full recompute lays it out (hash-partitioned by
-(hash of the key, key) into `spark.sql.shuffle.partitions` partitions, sorted within them), so
-that the aggregates downstream see the same rows in the same order: percentile_approx is exact up
-to 10,000 values per group and depends on that order beyond.
+The aggregates downstream are sums of exact per-message facts (rq.analytics.facts), so they do
+not depend on how the rows are laid out.
 """
 
 from __future__ import annotations
@@ -104,13 +102,6 @@ def affected_dirs(hit: DataFrame, dirs: list[str]) -> list[str]:
     ranges = [(r["_d0"], r["_d1"]) for r in hit.select(*DAYS).distinct().collect()]
     wanted = days_between(ranges)
     return [d for d in dirs if day_of(d) in wanted]
-
-
-def layout(messages: DataFrame, spark: SparkSession) -> DataFrame:
-    """Rows placed as the full recompute's per-message window leaves them (see the module)."""
-    n = int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
-    k = F.xxhash64(*T.KEY)
-    return messages.repartition(n, k, *T.KEY).sortWithinPartitions(k, *T.KEY)
 
 
 # ---------------------------------------------------------------- the stored state
@@ -271,10 +262,10 @@ def counted(df: DataFrame, name: str, figures: Figures) -> DataFrame:
 def run_messages(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame | None,
                  since: float | None, until: float | None, state: str | None,
                  figures: Figures) -> DataFrame:
-    """The run's message table (transform.message_table's columns), laid out as the full
-    recompute's.  `dirs`: its compacted days (relative to `out`); `raw`: the checked lines
-    not compacted, or None; `state`: the path of a usable state, else None (every compacted
-    event is read: the path a run takes without state)."""
+    """The run's message table (transform.message_table's columns).  `dirs`: its compacted
+    days (relative to `out`); `raw`: the checked lines not compacted, or None; `state`: the
+    path of a usable state, else None (every compacted event is read: the path a run takes
+    without state)."""
     raw_events = T.window_events(raw, since, until) if raw is not None else None
     if state is None:
         parts = [counted(read_events(spark, out, dirs, since, until),
@@ -299,7 +290,7 @@ def run_messages(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame 
         carried = join_keys(carried, raw_keys, "left_anti")
     carried = carried.select(*MESSAGE_FIELDS)
     if hit is None:
-        return layout(carried, spark)
+        return carried
     hit_keys = keys(hit)
     parts = []
     old = affected_dirs(hit, dirs)
@@ -309,9 +300,9 @@ def run_messages(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame 
     if raw_events is not None:
         parts.append(raw_events)
     if not parts:
-        return layout(carried, spark)
+        return carried
     events = parts[0]
     for part in parts[1:]:
         events = events.unionByName(part)
     recomputed = counted(T.message_table(events), "messages_recomputed", figures)
-    return layout(carried.unionByName(recomputed), spark)
+    return carried.unionByName(recomputed)

@@ -11,9 +11,9 @@ cluster's executors need nothing of ours.  The stages:
 2. `window_events` — valid events with `since <= ts < until`.
 3. `message_table` — one row per message (host, queue, msg_id): its events sorted by `ts` (so order
    across files and hosts does not matter), wait and run spans, retries, final state.
-4. `message_stats` / `span_stats` — grouping sets over (queue, hour) for counts and percentiles;
-   `error_table`, `slowest` for the top lists.  rq.analytics.summary turns the collected rows into
-   the JSON of docs/analytics.md.
+4. `slowest`, `top_errors` for the top lists; the counts and percentiles come from the
+   message table's additive facts (rq.analytics.facts).  rq.analytics.summary turns the
+   collected rows into the JSON of docs/analytics.md.
 
 Definitions (docs/analytics.md): a *wait span* is que → run (entry into que to the start), a *run
 span* is run → next state (the event's `duration`, else the time since the run started); a *resend*
@@ -35,8 +35,6 @@ PREFIX = '{"crc32":"'
 MIDDLE = '","event":'
 PAYLOAD_AT = 29             # 1-based position of PAYLOAD in the line (byte offset 28, S13.2)
 HOUR = 3600
-PERCENTILES = [0.5, 0.9, 0.99]
-WAIT_EDGES = [0, 0.01, 0.1, 1, 10, 60, 600, 3600]
 HIT_MAX = "HIT MAX RESEND COUNT - MOVING TO ERR"   # S5.4
 RECOVERY_PREFIXES = ("QUEUE RESTARTED", "QUEUE SHUTDOWN")  # S2.7, S2.5
 LEASE_PREFIX = "LEASE EXPIRED"                      # S8.3
@@ -213,77 +211,9 @@ def message_table(events: DataFrame, extra: tuple[Column, ...] = (),
 # ---------------------------------------------------------------- aggregates
 
 
-# (queue, hour), (queue) and everything: the grouping ids 0, 1 and 3 of summary.G_*.
-SETS = [["queue", "hour"], ["queue"], []]
-
-
-def _hour(ts: Column) -> Column:
+def hour_of(ts: Column) -> Column:
+    """The start of the UTC hour of `ts` (epoch seconds)."""
     return (F.floor(ts / HOUR) * HOUR).cast("long")
-
-
-def _dist(prefix: str, value: Column, mean: bool = True) -> list[Column]:
-    return [F.percentile_approx(value, PERCENTILES).alias(f"{prefix}_p"),
-            *([F.avg(value).alias(f"{prefix}_mean")] if mean else []),
-            F.count(value).alias(f"{prefix}_n")]
-
-
-def _by_queue(df: DataFrame, *aggs: Column) -> DataFrame:
-    """Grouping sets (queue) and () of `df` — `g` = 1 and 3, as over (queue, hour) in SETS —
-    with a null `hour`.  Every per-group aggregate sees the same rows in the same order as in
-    a grouping-sets aggregate over all of SETS, so it gives the same value."""
-    return (df.groupingSets([["queue"], []], "queue")
-            .agg((F.grouping_id() * 2 + 1).alias("g"), *aggs)
-            .withColumn("hour", F.lit(None).cast("long")))
-
-
-def message_stats(messages: DataFrame) -> DataFrame:
-    """Grouping sets (queue, hour of the final transition), (queue) and () — `g` = grouping id
-    0, 1 and 3 — of counts by final state, unfinished, retries, events, time to final state.
-    The (queue, hour) rows have the counts by final state only: that is all rq.analytics.summary
-    reads of them (hourly.json, busiest hours), and leaving out their percentile digests (one
-    per queue and hour: 72,000 for 100 queues over 30 days) halves the cost of this aggregate.
-    (The per-hour totals, g = 2, are sums of the queue+hour counts: rq.analytics.summary adds
-    them up instead of a fourth pass of the percentiles.)"""
-    state = F.col("final_state")
-    finished = state.isin(*FINAL)
-    counts = [F.count(F.when(state == s, 1)).alias(s) for s in (*FINAL, "deleted")]
-    hourly = messages.withColumn("hour", _hour(F.col("final_ts")))
-    per_hour = hourly.groupBy("queue", "hour").agg(F.lit(0).alias("g"), *counts)
-    return _by_queue(
-        hourly, *counts,
-        F.count(F.when(state.isNull(), 1)).alias("unfinished"),
-        F.sum("events").alias("events"),
-        F.sum("resends").alias("resend"), F.sum("lease_expiries").alias("lease_expired"),
-        F.sum("recoveries").alias("recovered"),
-        F.min("first_ts").alias("first_ts"), F.max("last_ts").alias("last_ts"),
-        *_dist("total", F.when(finished, F.col("total_s")))
-    ).unionByName(per_hour, allowMissingColumns=True)
-
-
-def span_stats(messages: DataFrame) -> DataFrame:
-    """Grouping sets over (queue, hour the span ended) as message_stats: wait and run
-    percentiles, means, counts and the wait histogram (`wait_h0`…); the (queue, hour) rows
-    have the percentiles and counts only (what hourly.json shows)."""
-    spans = messages.select("queue", F.explode("spans").alias("sp")).select(
-        "queue", _hour(F.col("sp.end_ts")).alias("hour"), F.col("sp.kind").alias("kind"),
-        F.col("sp.s").alias("s"))
-    wait = F.when(F.col("kind") == "wait", F.col("s"))
-    run = F.when(F.col("kind") == "run", F.col("s"))
-    edges = WAIT_EDGES
-    bins = [F.count(F.when((wait >= lo) & (wait < hi), 1)).alias(f"wait_h{i}")
-            for i, (lo, hi) in enumerate(zip(edges, edges[1:]))]
-    bins.append(F.count(F.when(wait >= edges[-1], 1)).alias(f"wait_h{len(edges) - 1}"))
-    per_hour = spans.groupBy("queue", "hour").agg(
-        F.lit(0).alias("g"), *_dist("wait", wait, mean=False), *_dist("run", run, mean=False))
-    return _by_queue(spans, *_dist("wait", wait), *_dist("run", run), *bins).unionByName(
-        per_hour, allowMissingColumns=True)
-
-
-def error_table(messages: DataFrame) -> DataFrame:
-    """queue, status, n: err status texts (of messages that ended err)."""
-    return (messages.where(F.col("final_state") == "err")
-            .groupBy("queue", F.coalesce(F.col("status"), F.lit("")).alias("status")).count()
-            .withColumnRenamed("count", "n"))
 
 
 def top_per_queue(df: DataFrame, order: list[Column], n: int = 10) -> DataFrame:

@@ -1,0 +1,346 @@
+"""Additive facts of a message table, and the run's aggregates from them (issues 5, 19).
+
+Every number of summary.json and hourly.json is computed from a few tables of counts that add up
+across messages, so that the facts of a set of messages are the sum of the facts of its parts:
+
+* `queue_hour` — (queue, hour of the final transition): messages by final state;
+* `queues` — (queue): counts by final state, unfinished, events, retries, first and last ts;
+* `values` — (queue, hour, kind, v): how many spans of `kind` (wait, run; hour = the hour the
+  span ended) and times to the final state (total; hour null) took v microseconds;
+* `errors` — (queue, status): messages that ended err with that status.
+
+`make(messages, sign)` counts a message table with weight +1 or -1, `merge` adds two sets of
+facts, so a run on carried state (rq.analytics.state) adds, to the facts of the stored state,
+those of its recomputed messages minus those of the same messages' stored rows.  The sums are
+exact (integers: counts and microseconds), so the result does not depend on the order or the
+grouping of the parts: the incremental path equals the full recompute by construction.
+
+Definitions this fixes (docs/analytics.md): span lengths are taken to the microsecond; a
+percentile is the exact nearest rank (the smallest value with at least p of the values at or
+below it) at any size, and a mean is the exact sum over the count.
+
+Percentiles from the facts: per (queue, hour) by one window over that hour's values
+(`nearest_rank`); per queue and over everything in two steps, since a queue holds millions of
+values: counts per coarse bucket (`bucket`: a quarter of a power of two) say which bucket holds
+each rank, and only those buckets' values are read and ranked (`group_percentiles`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from rq.analytics import summary
+from rq.analytics import transform as T
+
+US = 1_000_000
+# p50, p90, p99 as exact fractions: rank = ceil(n * a / b), in integers.
+PCTS = ((1, 2), (9, 10), (99, 100))
+PNAMES = ("p50", "p90", "p99")
+KINDS = ("wait", "run", "total")
+STATES = ("done", "err", "relayed", "deleted")
+COUNTS = ("unfinished", "events", "resend", "lease_expired", "recovered")
+WAIT_EDGES_US = [round(e * US) for e in summary.WAIT_EDGES]
+SUM_TYPE = "decimal(38,0)"    # a sum of microseconds that cannot overflow
+
+
+def micros(seconds: Column) -> Column:
+    return F.round(seconds * US).cast("long")
+
+
+def bucket(v: str) -> Column:
+    """A coarse bucket of column `v` (microseconds), monotone in v: 4 per power of two,
+    negative for negative v.  Integer arithmetic only (bin() gives the bit length), so every
+    JVM agrees."""
+    bits = f"length(bin(abs({v})))"
+    quarter = f"(shiftright(abs({v}), greatest({bits} - 3, 0)) % 4)"
+    return F.expr(f"cast(signum({v}) as int) * ({bits} * 4 + cast({quarter} as int))")
+
+
+# ---------------------------------------------------------------- the facts
+
+
+@dataclass(frozen=True)
+class Facts:
+    queue_hour: DataFrame
+    queues: DataFrame
+    values: DataFrame
+    errors: DataFrame
+
+
+def make(messages: DataFrame, sign: int = 1) -> Facts:
+    """The facts of a message table (transform.message_table's columns), each message
+    counted `sign` (+1 or -1) times."""
+    sg = F.lit(sign).cast("long")
+    state = F.col("final_state")
+
+    def cnt(cond: Column, name: str) -> Column:
+        return F.sum(F.when(cond, sg).otherwise(F.lit(0).cast("long"))).alias(name)
+
+    by_state = [cnt(state == s, s) for s in STATES]
+    queue_hour = (messages.where(F.col("final_ts").isNotNull())
+                  .withColumn("hour", T.hour_of(F.col("final_ts")))
+                  .groupBy("queue", "hour").agg(*by_state))
+    queues = messages.groupBy("queue").agg(
+        *by_state, cnt(state.isNull(), "unfinished"),
+        F.sum(F.col("events") * sg).alias("events"),
+        F.sum(F.col("resends") * sg).alias("resend"),
+        F.sum(F.col("lease_expiries") * sg).alias("lease_expired"),
+        F.sum(F.col("recoveries") * sg).alias("recovered"),
+        F.min("first_ts").alias("first_ts"), F.max("last_ts").alias("last_ts"))
+    spans = messages.select("queue", F.explode("spans").alias("sp")).select(
+        "queue", T.hour_of(F.col("sp.end_ts")).alias("hour"), F.col("sp.kind").alias("kind"),
+        micros(F.col("sp.s")).alias("v"))
+    totals = messages.where(state.isin(*T.FINAL) & F.col("total_s").isNotNull()).select(
+        "queue", F.lit(None).cast("long").alias("hour"), F.lit("total").alias("kind"),
+        micros(F.col("total_s")).alias("v"))
+    values = (spans.unionByName(totals).groupBy("queue", "hour", "kind", "v")
+              .agg(F.sum(sg).alias("n")))
+    errors = (messages.where(state == "err")
+              .groupBy("queue", F.coalesce(F.col("status"), F.lit("")).alias("status"))
+              .agg(F.sum(sg).alias("n")))
+    return Facts(queue_hour, queues, values, errors)
+
+
+def add(a: DataFrame, b: DataFrame, keys: Sequence[str], nonzero: Sequence[str],
+        extremes: Mapping[str, Callable[[str], Column]] = {}) -> DataFrame:
+    """Rows of `a` and `b` summed by `keys` (`extremes`: columns combined by min/max instead);
+    rows whose `nonzero` columns all sum to 0 are dropped."""
+    sums = [c for c in a.columns if c not in keys and c not in extremes]
+    out = a.unionByName(b).groupBy(*keys).agg(
+        *[F.sum(c).alias(c) for c in sums], *[f(c).alias(c) for c, f in extremes.items()])
+    keep = F.lit(False)
+    for c in nonzero:
+        keep |= F.col(c) != 0
+    return out.where(keep)
+
+
+def merge(a: Facts, b: Facts) -> Facts:
+    """The facts of two parts together.  `queues`' first_ts and last_ts are the min and max of
+    both: exact when `b` only adds events to messages (a run on carried state)."""
+    return Facts(
+        add(a.queue_hour, b.queue_hour, ["queue", "hour"], STATES),
+        add(a.queues, b.queues, ["queue"], (*STATES, *COUNTS),
+            {"first_ts": F.min, "last_ts": F.max}),
+        add(a.values, b.values, ["queue", "hour", "kind", "v"], ["n"]),
+        add(a.errors, b.errors, ["queue", "status"], ["n"]))
+
+
+# ---------------------------------------------------------------- tables derived from values
+
+
+def by_queue(values: DataFrame) -> DataFrame:
+    """(queue, kind, b, v, n): the values without their hour, with their bucket."""
+    return (values.groupBy("queue", "kind", "v").agg(F.sum("n").alias("n"))
+            .where(F.col("n") != 0).withColumn("b", bucket("v")))
+
+
+def coarse(values_b: DataFrame) -> DataFrame:
+    """(queue, kind, b, n): how many values of each bucket."""
+    return values_b.groupBy("queue", "kind", "b").agg(F.sum("n").alias("n"))
+
+
+def value_stats(values_b: DataFrame) -> DataFrame:
+    """(queue, kind, n, sum, h0…): count, exact sum (microseconds) and the wait histogram."""
+    v, n = F.col("v"), F.col("n")
+    edges = WAIT_EDGES_US
+    bins = [F.sum(F.when((v >= lo) & (v < hi), n).otherwise(0)).alias(f"h{i}")
+            for i, (lo, hi) in enumerate(zip(edges, edges[1:]))]
+    bins.append(F.sum(F.when(v >= edges[-1], n).otherwise(0)).alias(f"h{len(edges) - 1}"))
+    return values_b.groupBy("queue", "kind").agg(
+        F.sum(n).alias("n"), F.sum(v.cast(SUM_TYPE) * n).alias("sum"), *bins)
+
+
+def nearest_rank(values: DataFrame, group: Sequence[str]) -> DataFrame:
+    """Per group of `values` (group…, v, n > 0): `n` and the nearest-rank p50, p90, p99 (in
+    microseconds)."""
+    upto = (Window.partitionBy(*group).orderBy("v")
+            .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    whole = Window.partitionBy(*group)
+    ranked = values.select(*group, "v", "n", F.sum("n").over(upto).alias("_c"),
+                           F.sum("n").over(whole).alias("_t"))
+    c, n, t = F.col("_c"), F.col("n"), F.col("_t")
+    picks = [F.min(F.when((c >= F.expr(f"(_t * {a} + {b - 1}) div {b}"))
+                          & (c - n < F.expr(f"(_t * {a} + {b - 1}) div {b}")), F.col("v")))
+             .alias(name) for (a, b), name in zip(PCTS, PNAMES)]
+    return ranked.groupBy(*group).agg(F.max(t).alias("n"), *picks)
+
+
+def hour_percentiles(values: DataFrame) -> DataFrame:
+    """(queue, hour, kind, n, p50, p90, p99) of the wait and run spans of each hour."""
+    spans = values.where(F.col("hour").isNotNull() & (F.col("kind") != "total"))
+    return nearest_rank(spans.select("queue", "hour", "kind", "v", "n"),
+                        ["queue", "hour", "kind"])
+
+
+def literal_rows(spark: SparkSession, schema: str, rows: Iterable[Sequence[Any]]) -> DataFrame:
+    """A small DataFrame of literal rows, planned in the JVM (no Python workers)."""
+    names = [part.split()[0] for part in schema.split(",")]
+    types = [part.split()[1] for part in schema.split(",")]
+    structs = [F.struct(*[F.lit(v).cast(t).alias(k) for k, t, v in zip(names, types, row)])
+               for row in rows]
+    if not structs:
+        return spark.createDataFrame([], schema)
+    return spark.range(1).select(F.inline(F.array(*structs)))
+
+
+def group_percentiles(spark: SparkSession, coarse_rows: Sequence[Mapping[str, Any]],
+                      values_b: Callable[[list[int]], DataFrame]
+                      ) -> dict[tuple[str | None, str], list[float | None]]:
+    """Nearest-rank p50, p90, p99 (seconds) per (queue, kind) and (None, kind) (every queue).
+    `coarse_rows`: (queue, kind, b, n) collected; `values_b(buckets)`: the (queue, kind, b, v,
+    n) rows, of at least those buckets (a reader can skip the rest)."""
+    counts: dict[tuple[str | None, str], dict[int, int]] = {}
+    for r in coarse_rows:
+        n = int(r["n"])
+        if n:
+            for group in ((r["queue"], r["kind"]), (None, r["kind"])):
+                per = counts.setdefault(group, {})
+                per[int(r["b"])] = per.get(int(r["b"]), 0) + n
+    targets = []          # (queue or None, kind, bucket, rank within the bucket, name)
+    for (queue, kind), per in counts.items():
+        total = sum(per.values())
+        for (a, b), name in zip(PCTS, PNAMES):
+            rank = (total * a + b - 1) // b
+            seen = 0
+            for bk in sorted(per):
+                if seen + per[bk] >= rank:
+                    targets.append((queue, kind, bk, rank - seen, name))
+                    break
+                seen += per[bk]
+    out: dict[tuple[str | None, str], list[float | None]] = {
+        g: [None, None, None] for g in counts}
+    if not targets:
+        return out
+    buckets = sorted({t[2] for t in targets})
+    fine = values_b(buckets).where(F.col("b").isin(buckets))
+    key3 = F.concat_ws("|", "kind", F.col("b").cast("string"), "queue")
+    key2 = F.concat_ws("|", "kind", F.col("b").cast("string"))
+    per_queue = fine.where(key3.isin(sorted({f"{k}|{b}|{q}" for q, k, b, _, _ in targets
+                                             if q is not None})))
+    everything = (fine.where(key2.isin(sorted({f"{k}|{b}" for q, k, b, _, _ in targets
+                                              if q is None})))
+                  .groupBy("kind", "b", "v").agg(F.sum("n").alias("n"))
+                  .withColumn("queue", F.lit(None).cast("string")))
+    rows = per_queue.select("queue", "kind", "b", "v", "n").unionByName(
+        everything.select("queue", "kind", "b", "v", "n"))
+    upto = (Window.partitionBy("queue", "kind", "b").orderBy("v")
+            .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    ranked = rows.withColumn("_c", F.sum("n").over(upto))
+    wanted = literal_rows(spark, "_q string, _k string, _b int, _r long, _name string", targets)
+    on = (ranked["queue"].eqNullSafe(wanted["_q"]) & (ranked["kind"] == wanted["_k"])
+          & (ranked["b"] == wanted["_b"]) & (ranked["_c"] >= wanted["_r"])
+          & (ranked["_c"] - ranked["n"] < wanted["_r"]))
+    for r in T.rows(ranked.join(F.broadcast(wanted), on).select("_q", "_k", "_name", "v")):
+        out[(r["_q"], r["_k"])][PNAMES.index(r["_name"])] = r["v"] / US
+    return out
+
+
+# ---------------------------------------------------------------- the run's aggregates
+
+
+@dataclass(frozen=True)
+class Tables:
+    """What the summary is computed from: facts and the tables derived from their values.
+    `values_b(buckets)` gives the (queue, kind, b, v, n) rows of at least those buckets."""
+    queue_hour: DataFrame
+    queues: DataFrame
+    stats: DataFrame           # value_stats
+    coarse: DataFrame
+    hour_pct: DataFrame        # hour_percentiles
+    errors: DataFrame
+    values_b: Callable[[list[int]], DataFrame]
+    cached: tuple[DataFrame, ...] = ()
+
+
+def tables(facts: Facts) -> Tables:
+    """Every table of a run from its facts (the full recompute; state.build): the values are
+    cached, and their per-queue form, each read three times."""
+    values = facts.values.persist()
+    values_b = by_queue(values).persist()
+    return Tables(facts.queue_hour, facts.queues, value_stats(values_b), coarse(values_b),
+                  hour_percentiles(values), facts.errors, lambda _b: values_b,
+                  (values, values_b))
+
+
+def release(t: Tables) -> None:
+    for df in t.cached:
+        df.unpersist()
+
+
+def with_values(t: Tables, values_b: Callable[[list[int]], DataFrame]) -> Tables:
+    return replace(t, values_b=values_b)
+
+
+def dist_fields(prefix: str, stats: Mapping[str, Any] | None,
+                pct: Sequence[float | None] | None) -> dict[str, Any]:
+    n = int((stats or {}).get("n") or 0)
+    total = (stats or {}).get("sum")
+    mean = (int(Decimal(total)) / n) / US if n and total is not None else None
+    return {f"{prefix}_p": list(pct) if pct else [None, None, None],
+            f"{prefix}_mean": mean, f"{prefix}_n": n}
+
+
+def summary_rows(spark: SparkSession, t: Tables
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(msg_rows, span_rows) in the grouping-set form rq.analytics.summary reads: g = 0
+    (queue, hour), 1 (queue) and 3 (everything)."""
+    queues = T.rows(t.queues)
+    stats = T.rows(t.stats)
+    pct = group_percentiles(spark, T.rows(t.coarse), t.values_b)
+    msg_rows: list[dict[str, Any]] = []
+    span_rows: list[dict[str, Any]] = []
+    stat = {(r["queue"], r["kind"]): r for r in stats}
+    every: dict[str, dict[str, Any]] = {}
+    for r in stats:
+        e = every.setdefault(r["kind"], {"n": 0, "sum": Decimal(0)})
+        for k, v in r.items():
+            if k not in ("queue", "kind"):
+                e[k] = e.get(k, 0) + (v or 0)
+    all_row: dict[str, Any] = {s: 0 for s in (*STATES, *COUNTS)}
+    all_row.update(first_ts=None, last_ts=None)
+    for q in queues:
+        row = {"g": summary.G_QUEUE, "hour": None, **q}
+        row.update(dist_fields("total", stat.get((q["queue"], "total")),
+                               pct.get((q["queue"], "total"))))
+        msg_rows.append(row)
+        for s in (*STATES, *COUNTS):
+            all_row[s] += int(q[s] or 0)
+        for k, pick in (("first_ts", min), ("last_ts", max)):
+            if q[k] is not None:
+                all_row[k] = q[k] if all_row[k] is None else pick(all_row[k], q[k])
+        span_rows.append(span_row(summary.G_QUEUE, q["queue"], stat, pct))
+    if queues:
+        all_row.update({"g": summary.G_ALL, "queue": None, "hour": None})
+        all_row.update(dist_fields("total", every.get("total"), pct.get((None, "total"))))
+        msg_rows.append(all_row)
+        span_rows.append(span_row(summary.G_ALL, None, {(None, k): v for k, v in every.items()},
+                                  pct))
+    for r in T.rows(t.queue_hour):
+        msg_rows.append({"g": summary.G_QUEUE_HOUR, **r})
+    hours: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in T.rows(t.hour_pct):
+        row = hours.setdefault((r["queue"], r["hour"]), {
+            "g": summary.G_QUEUE_HOUR, "queue": r["queue"], "hour": r["hour"],
+            "wait_p": None, "wait_mean": None, "wait_n": 0,
+            "run_p": None, "run_mean": None, "run_n": 0})
+        row[f"{r['kind']}_p"] = [None if r[p] is None else r[p] / US for p in PNAMES]
+        row[f"{r['kind']}_n"] = int(r["n"])
+    span_rows.extend(hours.values())
+    return msg_rows, span_rows
+
+
+def span_row(g: int, queue: str | None, stat: Mapping[tuple[str | None, str], Any],
+             pct: Mapping[tuple[str | None, str], list[float | None]]) -> dict[str, Any]:
+    row: dict[str, Any] = {"g": g, "queue": queue, "hour": None}
+    for kind in ("wait", "run"):
+        row.update(dist_fields(kind, stat.get((queue, kind)), pct.get((queue, kind))))
+    wait = stat.get((queue, "wait")) or {}
+    for i in range(len(WAIT_EDGES_US)):
+        row[f"wait_h{i}"] = int(wait.get(f"h{i}") or 0)
+    return row
