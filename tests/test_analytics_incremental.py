@@ -369,7 +369,7 @@ def test_carried_state_across_runs(spark: Any, first_run: FirstRun) -> None:
     ], 2)
     second = analyse(spark, tree, out, full=False)
     comp = second["summary"]["compaction"]
-    assert (comp["state"], comp["days_compacted_now"]) == ("kept", 0)
+    assert (comp["state"], comp["days_compacted_now"], comp["tables"]) == ("kept", 0, "facts")
     assert_carried(second["summary"], tree, days(0, 1))
     assert_same(second, analyse(spark, tree, out, full=True))
 
@@ -385,14 +385,15 @@ def test_carried_state_across_runs(spark: Any, first_run: FirstRun) -> None:
     ], 3)
     third = analyse(spark, tree, out, full=False, now=later)
     comp = third["summary"]["compaction"]
-    assert (comp["state"], comp["days_compacted_now"]) == ("updated", 1)
+    assert (comp["state"], comp["days_compacted_now"], comp["tables"]) == ("updated", 1, "facts")
     assert_carried(third["summary"], tree, days(0, 1, 2))
     assert_same(third, analyse(spark, tree, out, full=True, now=later))
     # The state now covers the three compacted days, and the one before it is gone.
     book = manifest.load_manifest(str(out))
     assert len(book["state"]["covers"]) == 3
-    assert [p.name for p in (out / "compacted").iterdir() if p.name.startswith("state.")] == [
-        Path(book["state"]["dir"]).name]
+    assert sorted(p.name for p in (out / "compacted").iterdir()
+                  if p.name.startswith("state.")) == sorted(
+        Path(book["state"][k]).name for k in ("dir", "facts"))
 
 
 @needs_spark
@@ -493,3 +494,34 @@ def test_progress_only_on_a_terminal_outside_queue_jobs() -> None:
     assert not progress.wanted(Tty(), {"RQ_MSG_DIR": "/x/job"})  # type: ignore[arg-type]
     with open(os.devnull, "w") as devnull:
         assert not progress.wanted(devnull, {})
+
+
+@needs_spark
+def test_slowest_from_the_stored_lists_and_their_fallback(spark: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """rq.analytics.state.slowest equals transform.slowest of the whole message table, both
+    when the stored lists suffice and when recomputation emptied a queue's list (the queue is
+    then ranked from all its rows)."""
+    from rq.analytics import facts, state
+    from rq.analytics import transform as T
+
+    schema = "queue string, msg_id string, host string, run_s double"
+    table = [("a", f"m{i}", "h", float(i % 7 + i / 100)) for i in range(30)] + [
+        ("b", f"m{i}", "h", float(i)) for i in range(4)] + [("a", "m3", "h2", 3.03)]
+    rows = facts.literal_rows(spark, schema, table)
+    recomputed = facts.literal_rows(spark, schema, [("a", "m6", "h", 99.0), ("a", "m27", "h", 1.0),
+                                                    ("b", "m1", "h", 0.5)])
+    raw_keys = state.keys(recomputed)
+
+    def expect(n: int) -> list[tuple[Any, ...]]:
+        whole = state.join_keys(rows, raw_keys, "left_anti").unionByName(recomputed)
+        return sorted(tuple(r) for r in T.slowest(whole, n).collect())
+
+    # all held; the lists suffice; `a`'s list (m27 6.27, m20, m13) loses m27: `a` falls back
+    for keep, n in ((100, 10), (3, 2), (3, 3)):
+        monkeypatch.setattr(state, "SLOW_KEEP", keep)
+        slow_top = T.top_per_queue(rows, T.slowest_order(), keep).drop("rank")
+        got = sorted(tuple(r) for r in state.slowest(rows, slow_top, raw_keys, recomputed,
+                                                     n).collect())
+        assert got == expect(n), (keep, n)
+        assert ("a", "m20", "h", 6.2, 2) in got

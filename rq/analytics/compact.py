@@ -219,6 +219,8 @@ def sweep(out: str) -> list[str]:
     named = {entry["dir"] for tree in book["trees"].values() for entry in tree["days"].values()}
     if book.get("state"):
         named.add(book["state"]["dir"])
+        if book["state"].get("facts"):
+            named.add(book["state"]["facts"])
     top = manifest.compacted_dir(out)
     doomed = [os.path.join(top, n) for n in os.listdir(top) if n.startswith(".staging-")]
     doomed += [os.path.join(top, n) for n in os.listdir(top) if n.startswith(

@@ -120,15 +120,25 @@ def add(a: DataFrame, b: DataFrame, keys: Sequence[str], nonzero: Sequence[str],
     return out.where(keep)
 
 
+# How each table of Facts adds up: (keys, columns of which one must be nonzero, min/max columns).
+SUMS: dict[str, tuple[list[str], tuple[str, ...], dict[str, Callable[[str], Column]]]] = {
+    "queue_hour": (["queue", "hour"], STATES, {}),
+    # first_ts, last_ts: the min and max of both parts, exact when the second part only adds
+    # events to messages (a run on carried state: rq.analytics.state).
+    "queues": (["queue"], (*STATES, *COUNTS), {"first_ts": F.min, "last_ts": F.max}),
+    "values": (["queue", "hour", "kind", "v"], ("n",), {}),
+    "errors": (["queue", "status"], ("n",), {}),
+}
+
+
+def add_table(name: str, a: DataFrame, b: DataFrame) -> DataFrame:
+    keys, nonzero, extremes = SUMS[name]
+    return add(a, b, keys, nonzero, extremes)
+
+
 def merge(a: Facts, b: Facts) -> Facts:
-    """The facts of two parts together.  `queues`' first_ts and last_ts are the min and max of
-    both: exact when `b` only adds events to messages (a run on carried state)."""
-    return Facts(
-        add(a.queue_hour, b.queue_hour, ["queue", "hour"], STATES),
-        add(a.queues, b.queues, ["queue"], (*STATES, *COUNTS),
-            {"first_ts": F.min, "last_ts": F.max}),
-        add(a.values, b.values, ["queue", "hour", "kind", "v"], ["n"]),
-        add(a.errors, b.errors, ["queue", "status"], ["n"]))
+    """The facts of two parts together."""
+    return Facts(*(add_table(name, getattr(a, name), getattr(b, name)) for name in SUMS))
 
 
 # ---------------------------------------------------------------- tables derived from values
@@ -268,6 +278,47 @@ def tables(facts: Facts) -> Tables:
                   (values, values_b))
 
 
+def carried(spark: SparkSession, stored: Callable[[str], DataFrame], delta: Facts) -> Tables:
+    """The tables of stored facts plus `delta` (the facts of a run's recomputed messages
+    minus those of their stored rows): sums of small tables, and of the value tables only
+    what the delta touches.  `stored(name)` reads a table state.write_facts wrote."""
+    d_values = delta.values.where(F.col("n") != 0).persist()
+    d_b = by_queue(d_values).persist()
+    stats = add(stored("stats"), value_stats(d_b), ["queue", "kind"], ("n",))
+    coarse_t = add(stored("coarse"), coarse(d_b), ["queue", "kind", "b"], ("n",))
+
+    def values_b(buckets: list[int]) -> DataFrame:
+        base = stored("values_b").where(F.col("b").isin(buckets))
+        return add(base, d_b.where(F.col("b").isin(buckets)), ["queue", "kind", "b", "v"],
+                   ("n",))
+
+    # Hours whose spans changed: their percentiles from the stored values of those hours
+    # (read by hour: the table is sorted by it) plus the delta; the other hours' are kept.
+    touched = (d_values.where(F.col("hour").isNotNull() & (F.col("kind") != "total"))
+               .select("queue", "hour", "kind").distinct())
+    hours = sorted({r["hour"] for r in touched.select("hour").distinct().collect()})
+    on = ["queue", "hour", "kind"]
+    if hours:
+        base = stored("values_h").where(F.col("hour").isin(hours)).join(touched, on,
+                                                                        "left_semi")
+        fresh = hour_percentiles(add_table("values", base,
+                                           d_values.where(F.col("hour").isin(hours))))
+        hour_pct = stored("hour_pct").join(touched, on, "left_anti").unionByName(fresh)
+    else:
+        hour_pct = stored("hour_pct")
+    return Tables(add_table("queue_hour", stored("queue_hour"), delta.queue_hour),
+                  add_table("queues", stored("queues"), delta.queues),
+                  stats, coarse_t, hour_pct, add_table("errors", stored("errors"), delta.errors),
+                  values_b, (d_values, d_b))
+
+
+def stored_tables(stored: Callable[[str], DataFrame]) -> Tables:
+    """The tables of stored facts as they are (a run with no raw events)."""
+    return Tables(stored("queue_hour"), stored("queues"), stored("stats"), stored("coarse"),
+                  stored("hour_pct"), stored("errors"),
+                  lambda buckets: stored("values_b").where(F.col("b").isin(buckets)))
+
+
 def release(t: Tables) -> None:
     for df in t.cached:
         df.unpersist()
@@ -344,3 +395,11 @@ def span_row(g: int, queue: str | None, stat: Mapping[tuple[str | None, str], An
     for i in range(len(WAIT_EDGES_US)):
         row[f"wait_h{i}"] = int(wait.get(f"h{i}") or 0)
     return row
+
+
+def message_count(msg_rows: Iterable[Mapping[str, Any]]) -> int:
+    """How many messages the summary counts: every one is finished, deleted or unfinished."""
+    for r in msg_rows:
+        if r["g"] == summary.G_ALL:
+            return sum(int(r[s] or 0) for s in (*STATES, "unfinished"))
+    return 0

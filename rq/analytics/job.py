@@ -114,6 +114,19 @@ def run(spark: Any, opts: Options, *, now: float | None = None) -> tuple[str, di
         return run_locked(spark, opts, out, started)
 
 
+@dataclass
+class Part:
+    """What a path gives a run: the message table to write, and either the summary's tables
+    and the slowest messages (a run on carried facts) or None (computed from the table)."""
+    messages: Any
+    counts: Callable[[], Mapping[str, Any]]
+    compaction: dict[str, Any]
+    stages: dict[str, float]
+    tables: Any = None
+    slow: Any = None
+    cached: list[Any] = field(default_factory=list)
+
+
 def run_locked(spark: Any, opts: Options, out: str, started: float
                ) -> tuple[str, dict[str, Any]]:
     from pyspark import StorageLevel
@@ -123,26 +136,32 @@ def run_locked(spark: Any, opts: Options, out: str, started: float
 
     clock = time.monotonic()
     run_id = load.new_run_id(started)
-    if opts.full:
-        messages, counts, compaction, stages = full_messages(spark, opts, clock)
-    else:
-        messages, counts, compaction, stages = incremental_messages(spark, opts, out, started,
-                                                                    clock)
-    messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
+    part = (full_messages(spark, opts, clock) if opts.full
+            else incremental_messages(spark, opts, out, started, clock))
+    stages, compaction = part.stages, part.compaction
+    messages = part.messages
+    if part.tables is None:
+        messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
+        part.cached.append(messages)
+        if not opts.full:
+            # Materialised on its own so that the stages say what the message table cost.
+            compaction["messages"] = messages.count()
+        part.tables = facts.tables(facts.make(messages))
+        part.slow = T.slowest(messages)
     if not opts.full:
-        # Materialised on its own so that the stages say what the message table cost.
-        compaction["messages"] = messages.count()
         stages["messages"] = round(time.monotonic() - clock - sum(stages.values()), 3)
-    tables = facts.tables(facts.make(messages))
+    tables = part.tables
     msg_rows, span_rows = facts.summary_rows(spark, tables)
-    line_counts = counts()
+    line_counts = part.counts()
     if opts.full:
         stages["read_check_messages"] = round(time.monotonic() - clock - stages["compact"], 3)
+    else:
+        compaction["messages"] = facts.message_count(msg_rows)
     errors = tables.errors.persist()
     queue_errors = T.rows(T.top_errors(errors))
     total_errors = T.rows(errors.groupBy("status").sum("n").withColumnRenamed("sum(n)", "n")
                           .orderBy(T.F.col("n").desc(), "status").limit(summary.TOP))
-    slow_rows = T.rows(T.slowest(messages))
+    slow_rows = T.rows(part.slow)
     hourly = summary.hourly(msg_rows, span_rows)
     stages["aggregates"] = round(time.monotonic() - clock - sum(stages.values()), 3)
 
@@ -155,9 +174,10 @@ def run_locked(spark: Any, opts: Options, out: str, started: float
     load.write_json(os.path.join(work, "hourly.json"), hourly)
     (spark.read.schema(HOURLY_SCHEMA).option("multiLine", "true").option("mode", "FAILFAST")
      .json(uri + "/hourly.json").coalesce(1).write.parquet(uri + "/hourly"))
-    messages.unpersist()
     errors.unpersist()
     facts.release(tables)
+    for df in part.cached:
+        df.unpersist()
     stages["write"] = round(time.monotonic() - clock - sum(stages.values()), 3)
     meta = {"run_id": run_id, "generated_at": round(started, 3),
             "duration_s": round(time.monotonic() - clock, 3), "since": opts.since,
@@ -173,11 +193,7 @@ def run_locked(spark: Any, opts: Options, out: str, started: float
     return final, result
 
 
-Counts = Callable[[], Mapping[str, Any]]
-
-
-def full_messages(spark: Any, opts: Options, clock: float
-                  ) -> tuple[Any, Counts, dict[str, Any], dict[str, float]]:
+def full_messages(spark: Any, opts: Options, clock: float) -> Part:
     """`--full`: the message table from every raw line (the reference the incremental path
     must equal), its line counts (observed in the same pass) and figures."""
     from pyspark.sql import Observation
@@ -197,16 +213,16 @@ def full_messages(spark: Any, opts: Options, clock: float
     if readable:
         checked = checked.observe(observed, *T.line_count_columns())
     messages = T.message_table(T.window_events(checked, opts.since, opts.until))
-    return (messages, lambda: observed.get if readable else {},
-            {"mode": "full", "files": len(files)}, stages)
+    return Part(messages, lambda: observed.get if readable else {},
+                {"mode": "full", "files": len(files)}, stages)
 
 
 def incremental_messages(spark: Any, opts: Options, out: str, now: float, clock: float
-                         ) -> tuple[Any, Counts, dict[str, Any], dict[str, float]]:
+                         ) -> Part:
     """Compacted days plus raw files not compacted yet (issue 19, rq.analytics.compact), with
-    per-message state carried across compactions (rq.analytics.state).  Line counts: those
-    compaction recorded for the compacted days, plus a count of the raw lines.  The caller
-    holds manifest.locked(out)."""
+    per-message state and its facts carried across compactions (rq.analytics.state).  Line
+    counts: those compaction recorded for the compacted days, plus a count of the raw lines.
+    The caller holds manifest.locked(out)."""
     from pyspark import StorageLevel
 
     from rq.analytics import compact, extract, state
@@ -235,18 +251,28 @@ def incremental_messages(spark: Any, opts: Options, out: str, now: float, clock:
             StorageLevel.MEMORY_AND_DISK)
         for key, value in T.rows(T.line_counts(raw))[0].items():
             lines[key] += int(value or 0)
-    messages = state.run_messages(spark, out, dirs, raw, opts.since, opts.until, path, figures)
-    figures_out: dict[str, Any] = {"mode": "incremental", "files": plan.files,
-                                   "days_read": len(dirs),
-                                   "days_compacted_now": len(plan.to_compact),
-                                   "raw_files": len(plan.raw)}
+    compaction: dict[str, Any] = {"mode": "incremental", "files": plan.files,
+                                  "days_read": len(dirs),
+                                  "days_compacted_now": len(plan.to_compact),
+                                  "raw_files": len(plan.raw)}
+    facts_dir = state.facts_path(out, book) if path and not windowed else None
+    part = Part(None, lambda: lines, compaction, stages)
+    compaction["tables"] = "facts" if path and facts_dir else "messages"
+    if path and facts_dir:
+        carried = state.run_carried(spark, out, dirs, raw, path, facts_dir, figures)
+        part.messages, part.tables, part.slow = carried.messages, carried.tables, carried.slow
+        part.cached.extend(carried.cached)
+    else:
+        part.messages = state.run_messages(spark, out, dirs, raw, opts.since, opts.until, path,
+                                           figures)
+    if raw is not None:
+        part.cached.append(raw)
 
     def counts() -> Mapping[str, Any]:
-        figures_out.update(figures.collect())
-        if raw is not None:
-            raw.unpersist()
+        compaction.update(figures.collect())
         return lines
-    return messages, counts, figures_out, stages
+    part.counts = counts
+    return part
 
 
 def manifest_lines(book: Mapping[str, Any], days: Sequence[tuple[str, str]]) -> dict[str, int]:

@@ -27,14 +27,14 @@ import datetime as dt
 import os
 import secrets
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from rq.analytics import compact, extract, load, manifest
+from rq.analytics import compact, extract, facts, load, manifest
 from rq.analytics import transform as T
 
 # The day of a compacted event: its file sits in `compacted/<key>/<DAY>.<token>/src_queue=Q/`.
@@ -157,12 +157,17 @@ def update(spark: SparkSession, out: str, old: DataFrame, covered: list[str],
 def maintain(spark: SparkSession, out: str, book: dict[str, Any], dirs: list[str]
              ) -> tuple[str | None, str]:
     """Bring the state up to date with the compacted days `dirs` (relative to `out`, every
-    day of the run's trees); the caller holds manifest.locked(out).  Returns (state path, what
-    was done: kept, updated or built).  Written like a compacted day: in a staging directory,
-    fsynced, renamed into place, then named in the manifest; the old one removed after."""
+    day of the run's trees), and its facts with it (`write_facts`); the caller holds
+    manifest.locked(out).  Returns (state path, what was done: kept, updated or built).
+    Written like a compacted day: in a staging directory, fsynced, renamed into place, then
+    named in the manifest; the old one removed after."""
     entry = book.get("state")
     path = state_path(out, book)
     if path is not None and entry is not None and entry["covers"] == dirs:
+        if not facts_path(out, book):  # a state stored before its facts were
+            entry["facts"] = stage(out, lambda dest: write_facts(spark, path, dest),
+                                   os.path.basename(path) + FACTS_SUFFIX)
+            load.write_json(manifest.manifest_path(out), book)
         return path, "kept"
     if not dirs:  # nothing compacted: no state (a run reads raw lines only)
         return None, "none"
@@ -171,18 +176,78 @@ def maintain(spark: SparkSession, out: str, book: dict[str, Any], dirs: list[str
     else:
         rows, how = build(spark, out, dirs), "built"
     token = secrets.token_hex(4)
-    top = manifest.compacted_dir(out)
-    staging = os.path.join(top, f".staging-{token}")
-    rows.write.parquet("file://" + staging)
-    load.fsync_tree(staging)
-    rel = os.path.join("compacted", manifest.STATE_PREFIX + token)
-    os.rename(staging, os.path.join(out, rel))
-    load.fsync_path(top)
-    book["state"] = {"dir": rel, "covers": dirs}
+    rel = stage(out, lambda dest: rows.write.parquet("file://" + dest),
+                manifest.STATE_PREFIX + token)
+    rel_facts = stage(out, lambda dest: write_facts(spark, os.path.join(out, rel), dest),
+                      manifest.STATE_PREFIX + token + FACTS_SUFFIX)
+    book["state"] = {"dir": rel, "covers": dirs, "facts": rel_facts}
     load.write_json(manifest.manifest_path(out), book)
     if entry is not None:
-        shutil.rmtree(os.path.join(out, entry["dir"]), ignore_errors=True)
+        for old in (entry["dir"], entry.get("facts")):
+            if old:
+                shutil.rmtree(os.path.join(out, old), ignore_errors=True)
     return os.path.join(out, rel), how
+
+
+def stage(out: str, write: Callable[[str], None], name: str) -> str:
+    """`write(dir)` into a staging directory, fsynced and renamed to compacted/<name>;
+    returns that path relative to `out`."""
+    top = manifest.compacted_dir(out)
+    staging = os.path.join(top, f".staging-{secrets.token_hex(4)}")
+    write(staging)
+    load.fsync_tree(staging)
+    rel = os.path.join("compacted", name)
+    os.rename(staging, os.path.join(out, rel))
+    load.fsync_path(top)
+    return rel
+
+
+# ---------------------------------------------------------------- the stored facts
+
+FACTS_SUFFIX = ".facts"
+SLOW_KEEP = 100         # per queue: the slowest of a run are found among these (see `slowest`)
+
+
+def facts_path(out: str, book: dict[str, Any]) -> str | None:
+    rel = (book.get("state") or {}).get("facts")
+    return os.path.join(out, rel) if rel and os.path.isdir(os.path.join(out, rel)) else None
+
+
+def slow_candidates(rows: DataFrame) -> DataFrame:
+    return rows.where(F.col("run_s").isNotNull()).select("queue", "msg_id", "host", "run_s")
+
+
+def write_facts(spark: SparkSession, rows_path: str, dest: str) -> None:
+    """The facts of the state rows at `rows_path` and the tables derived from them
+    (rq.analytics.facts.Tables), as Parquet tables under `dest`, plus each queue's SLOW_KEEP
+    slowest messages.  The value tables are sorted by hour and by bucket, and cut into small
+    row groups, so that a run reads only the hours and buckets it needs."""
+    rows = read_state(spark, rows_path)
+    f = facts.make(rows)
+    values = f.values.persist()
+    values_b = facts.by_queue(values).persist()
+    small = {"queue_hour": f.queue_hour, "queues": f.queues, "errors": f.errors,
+             "coarse": facts.coarse(values_b), "stats": facts.value_stats(values_b),
+             "hour_pct": facts.hour_percentiles(values),
+             "slow_top": T.top_per_queue(slow_candidates(rows), T.slowest_order(), SLOW_KEEP)
+             .drop("rank")}
+    for name, df in small.items():
+        df.coalesce(1).write.parquet(f"file://{dest}/{name}")
+    sorted_tables = {"values_h": values.where(F.col("hour").isNotNull())
+                     .repartitionByRange(4, "hour").sortWithinPartitions("hour", "queue", "kind"),
+                     "values_b": values_b.repartitionByRange(4, "b", "kind")
+                     .sortWithinPartitions("b", "kind", "queue", "v")}
+    for name, df in sorted_tables.items():
+        df.write.option("parquet.block.size", ROW_GROUP).parquet(f"file://{dest}/{name}")
+    values.unpersist()
+    values_b.unpersist()
+
+
+ROW_GROUP = str(2 << 20)
+
+
+def read_facts(spark: SparkSession, path: str, name: str) -> DataFrame:
+    return spark.read.parquet(f"file://{path}/{name}")
 
 
 def usable(entry: dict[str, Any] | None, dirs: list[str], trees: list[str],
@@ -306,3 +371,70 @@ def run_messages(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame 
         events = events.unionByName(part)
     recomputed = counted(T.message_table(events), "messages_recomputed", figures)
     return carried.unionByName(recomputed)
+
+
+@dataclass
+class Carried:
+    """A run on the state and its stored facts: the message table to write, the summary's
+    tables, the slowest messages, and what to release after."""
+    messages: DataFrame
+    tables: facts.Tables
+    slow: DataFrame
+    cached: list[DataFrame]
+
+
+def union_all(parts: list[DataFrame]) -> DataFrame:
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.unionByName(part)
+    return out
+
+
+def run_carried(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame | None,
+                path: str, facts_dir: str, figures: Figures) -> Carried:
+    """An unwindowed run on the state at `path` and its facts at `facts_dir` (write_facts).
+    The messages with raw events are recomputed from all their events (as run_messages
+    does); the summary's tables are the stored facts plus the recomputed messages' facts minus
+    their stored rows' (rq.analytics.facts.carried), so nothing else of the history is read
+    but the hours and value buckets the change touches."""
+    figures.path = "state"
+    rows = read_state(spark, path)
+
+    def stored(name: str) -> DataFrame:
+        return read_facts(spark, facts_dir, name)
+
+    if raw is None:
+        return Carried(rows.select(*MESSAGE_FIELDS), facts.stored_tables(stored),
+                       T.slowest(stored("slow_top")), [])
+    raw_events = T.window_events(raw, None, None)
+    raw_keys = keys(raw_events)
+    old = join_keys(rows, raw_keys, "left_semi").persist()
+    parts = [raw_events]
+    old_dirs = affected_dirs(old, dirs)
+    if old_dirs:
+        parts.append(counted(join_keys(read_events(spark, out, old_dirs, None, None), raw_keys,
+                                       "left_semi"), "compacted_events_read", figures))
+    recomputed = counted(T.message_table(union_all(parts)), "messages_recomputed",
+                         figures).persist()
+    delta = facts.merge(facts.make(recomputed, 1), facts.make(old, -1))
+    tables = facts.carried(spark, stored, delta)
+    messages = join_keys(rows, raw_keys, "left_anti").select(*MESSAGE_FIELDS).unionByName(
+        recomputed.select(*MESSAGE_FIELDS))
+    return Carried(messages, tables, slowest(rows, stored("slow_top"), raw_keys, recomputed),
+                   [old, recomputed])
+
+
+def slowest(rows: DataFrame, slow_top: DataFrame, raw_keys: DataFrame,
+            recomputed: DataFrame, n: int = 10) -> DataFrame:
+    """transform.slowest of the run's message table from the stored SLOW_KEEP slowest of each
+    queue: those not recomputed, and the recomputed messages.  Exact unless recomputation took
+    away more than SLOW_KEEP - n of a queue's stored list and the queue had more messages than
+    it holds; such queues are ranked from all their rows instead."""
+    kept = join_keys(slow_top, raw_keys, "left_anti")
+    have = {r["queue"]: r["count"] for r in slow_top.groupBy("queue").count().collect()}
+    left = {r["queue"]: r["count"] for r in kept.groupBy("queue").count().collect()}
+    short = sorted(q for q, k in have.items() if k >= SLOW_KEEP and left.get(q, 0) < n)
+    if short:
+        whole = join_keys(rows.where(F.col("queue").isin(short)), raw_keys, "left_anti")
+        kept = kept.where(~F.col("queue").isin(short)).unionByName(slow_candidates(whole))
+    return T.slowest(kept.unionByName(slow_candidates(recomputed)), n)

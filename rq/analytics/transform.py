@@ -222,11 +222,16 @@ def top_per_queue(df: DataFrame, order: list[Column], n: int = 10) -> DataFrame:
     return df.withColumn("rank", F.row_number().over(w)).where(F.col("rank") <= n)
 
 
+def slowest_order() -> list[Column]:
+    """Longest run first; host last: two messages of one queue may share a msg_id (a message
+    is its host, queue and id), and their rank must not be left to chance."""
+    return [F.col("run_s").desc(), F.col("msg_id"), F.col("host")]
+
+
 def slowest(messages: DataFrame, n: int = 10) -> DataFrame:
     """Per queue, the `n` messages with the longest total run time."""
     return top_per_queue(messages.where(F.col("run_s").isNotNull())
-                         .select("queue", "msg_id", "host", "run_s"),
-                         [F.col("run_s").desc(), F.col("msg_id")], n)
+                         .select("queue", "msg_id", "host", "run_s"), slowest_order(), n)
 
 
 def top_errors(errors: DataFrame, n: int = 10) -> DataFrame:
