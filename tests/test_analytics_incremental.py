@@ -371,6 +371,11 @@ def test_carried_state_across_runs(spark: Any, first_run: FirstRun) -> None:
     comp = second["summary"]["compaction"]
     assert (comp["state"], comp["days_compacted_now"], comp["tables"]) == ("kept", 0, "facts")
     assert_carried(second["summary"], tree, days(0, 1))
+    # messages/: links to the stored files no recomputed message is in, one file of new rows
+    names = os.listdir(out / "current" / "messages")
+    linked = [n for n in names if n.startswith("stored-")]
+    assert linked and len([n for n in names if n.startswith("part-")]) == 1, names
+    assert os.stat(out / "current" / "messages" / linked[0]).st_nlink >= 2
     assert_same(second, analyse(spark, tree, out, full=True))
 
     # Run 3, a day later: today is compacted on top of the state (which is updated, not

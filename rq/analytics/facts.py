@@ -188,15 +188,31 @@ def hour_percentiles(values: DataFrame) -> DataFrame:
                         ["queue", "hour", "kind"])
 
 
+def sql_literal(value: Any) -> str:
+    """`value` (None, int, float or str) as a Spark SQL literal."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return repr(value)
+
+
 def literal_rows(spark: SparkSession, schema: str, rows: Iterable[Sequence[Any]]) -> DataFrame:
-    """A small DataFrame of literal rows, planned in the JVM (no Python workers)."""
+    """A small DataFrame of literal rows, planned in the JVM (no Python workers) from one SQL
+    text: a Column per value would be a Py4J call each (~1 ms of Python apiece)."""
     names = [part.split()[0] for part in schema.split(",")]
     types = [part.split()[1] for part in schema.split(",")]
-    structs = [F.struct(*[F.lit(v).cast(t).alias(k) for k, t, v in zip(names, types, row)])
-               for row in rows]
-    if not structs:
-        return spark.createDataFrame([], schema)
-    return spark.range(1).select(F.inline(F.array(*structs)))
+    values = ", ".join("(" + ", ".join(f"CAST({sql_literal(v)} AS {t})"
+                                       for t, v in zip(types, row)) + ")" for row in rows)
+    if not values:
+        return spark.sql(f"SELECT * FROM VALUES ({', '.join(f'CAST(NULL AS {t})' for t in types)})"
+                         f" AS t({', '.join(names)}) WHERE false")
+    return spark.sql(f"SELECT * FROM VALUES {values} AS t({', '.join(names)})")
+
+
+def in_list(column: str, values: Iterable[Any]) -> Column:
+    """`column IN (values…)` as one SQL expression (Column.isin makes a Py4J call a value)."""
+    return F.expr(f"{column} IN ({', '.join(sql_literal(v) for v in values)})")
 
 
 def group_percentiles(spark: SparkSession, coarse_rows: Sequence[Mapping[str, Any]],
@@ -228,13 +244,13 @@ def group_percentiles(spark: SparkSession, coarse_rows: Sequence[Mapping[str, An
     if not targets:
         return out
     buckets = sorted({t[2] for t in targets})
-    fine = values_b(buckets).where(F.col("b").isin(buckets))
-    key3 = F.concat_ws("|", "kind", F.col("b").cast("string"), "queue")
-    key2 = F.concat_ws("|", "kind", F.col("b").cast("string"))
-    per_queue = fine.where(key3.isin(sorted({f"{k}|{b}|{q}" for q, k, b, _, _ in targets
-                                             if q is not None})))
-    everything = (fine.where(key2.isin(sorted({f"{k}|{b}" for q, k, b, _, _ in targets
-                                              if q is None})))
+    fine = values_b(buckets).where(in_list("b", buckets))
+    key3 = "concat_ws('|', kind, cast(b as string), queue)"
+    key2 = "concat_ws('|', kind, cast(b as string))"
+    per_queue = fine.where(in_list(key3, sorted({f"{k}|{b}|{q}" for q, k, b, _, _ in targets
+                                                 if q is not None})))
+    everything = (fine.where(in_list(key2, sorted({f"{k}|{b}" for q, k, b, _, _ in targets
+                                                  if q is None})))
                   .groupBy("kind", "b", "v").agg(F.sum("n").alias("n"))
                   .withColumn("queue", F.lit(None).cast("string")))
     rows = per_queue.select("queue", "kind", "b", "v", "n").unionByName(
@@ -288,8 +304,8 @@ def carried(spark: SparkSession, stored: Callable[[str], DataFrame], delta: Fact
     coarse_t = add(stored("coarse"), coarse(d_b), ["queue", "kind", "b"], ("n",))
 
     def values_b(buckets: list[int]) -> DataFrame:
-        base = stored("values_b").where(F.col("b").isin(buckets))
-        return add(base, d_b.where(F.col("b").isin(buckets)), ["queue", "kind", "b", "v"],
+        base = stored("values_b").where(in_list("b", buckets))
+        return add(base, d_b.where(in_list("b", buckets)), ["queue", "kind", "b", "v"],
                    ("n",))
 
     # Hours whose spans changed: their percentiles from the stored values of those hours
@@ -299,10 +315,9 @@ def carried(spark: SparkSession, stored: Callable[[str], DataFrame], delta: Fact
     hours = sorted({r["hour"] for r in touched.select("hour").distinct().collect()})
     on = ["queue", "hour", "kind"]
     if hours:
-        base = stored("values_h").where(F.col("hour").isin(hours)).join(touched, on,
-                                                                        "left_semi")
+        base = stored("values_h").where(in_list("hour", hours)).join(touched, on, "left_semi")
         fresh = hour_percentiles(add_table("values", base,
-                                           d_values.where(F.col("hour").isin(hours))))
+                                           d_values.where(in_list("hour", hours))))
         hour_pct = stored("hour_pct").join(touched, on, "left_anti").unionByName(fresh)
     else:
         hour_pct = stored("hour_pct")
@@ -316,7 +331,7 @@ def stored_tables(stored: Callable[[str], DataFrame]) -> Tables:
     """The tables of stored facts as they are (a run with no raw events)."""
     return Tables(stored("queue_hour"), stored("queues"), stored("stats"), stored("coarse"),
                   stored("hour_pct"), stored("errors"),
-                  lambda buckets: stored("values_b").where(F.col("b").isin(buckets)))
+                  lambda buckets: stored("values_b").where(in_list("b", buckets)))
 
 
 def release(t: Tables) -> None:

@@ -20,9 +20,6 @@ from rq.analytics.session import AnalyticsError
 DEFAULT_MASTER = "local[*]"
 RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-MESSAGE_COLUMNS = ["queue", "msg_id", "host", "final_state", "wait_s", "run_s", "total_s",
-                   "resends", "lease_expiries", "recoveries", "first_ts", "final_ts", "status",
-                   "events"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +121,7 @@ class Part:
     stages: dict[str, float]
     tables: Any = None
     slow: Any = None
+    write_messages: Callable[[str], None] | None = None
     cached: list[Any] = field(default_factory=list)
 
 
@@ -167,7 +165,10 @@ def run_locked(spark: Any, opts: Options, out: str, started: float
 
     work = load.partial_dir(out, run_id)
     uri = "file://" + work
-    messages.select(*MESSAGE_COLUMNS).write.parquet(uri + "/messages")
+    if part.write_messages is not None:
+        part.write_messages(work + "/messages")
+    else:
+        messages.select(*T.MESSAGE_COLUMNS).write.parquet(uri + "/messages")
     errors.coalesce(1).write.parquet(uri + "/errors")
     # The hourly rows are Python data: hourly.json is written first and read back by the JVM
     # (createDataFrame of a list would start Python worker processes for them: ~1 CPU-s a run).
@@ -261,6 +262,7 @@ def incremental_messages(spark: Any, opts: Options, out: str, now: float, clock:
     if path and facts_dir:
         carried = state.run_carried(spark, out, dirs, raw, path, facts_dir, figures)
         part.messages, part.tables, part.slow = carried.messages, carried.tables, carried.slow
+        part.write_messages = carried.write_messages
         part.cached.extend(carried.cached)
     else:
         part.messages = state.run_messages(spark, out, dirs, raw, opts.since, opts.until, path,

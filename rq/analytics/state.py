@@ -241,9 +241,57 @@ def write_facts(spark: SparkSession, rows_path: str, dest: str) -> None:
         df.write.option("parquet.block.size", ROW_GROUP).parquet(f"file://{dest}/{name}")
     values.unpersist()
     values_b.unpersist()
+    # The messages/ table of a run, in MESSAGE_FILES files by the hash of the key (file k
+    # holds the keys with message_file(key) = k): a run links the files it does not change.
+    (rows.select(*T.MESSAGE_COLUMNS).repartition(MESSAGE_FILES, *T.KEY)
+     .write.parquet(f"file://{dest}/messages"))
 
 
 ROW_GROUP = str(2 << 20)
+MESSAGE_FILES = 64
+
+
+def message_file(*key: str) -> Column:
+    """The stored messages file of a key: Spark's hash partitioning of `repartition(n, *key)`
+    (pmod of the seed-42 Murmur3 hash, SQL's `hash`), so a part file's number says which keys
+    it holds."""
+    return F.expr(f"pmod(hash({', '.join(key)}), {MESSAGE_FILES})")
+
+
+def part_number(name: str) -> int | None:
+    """`part-00007-….parquet` → 7 (the task's partition); None for other names."""
+    if name.startswith("part-") and name.endswith(".parquet") and name[5:10].isdigit():
+        return int(name[5:10])
+    return None
+
+
+def link_messages(spark: SparkSession, stored: str, dest: str, old: DataFrame | None,
+                  raw_keys: DataFrame | None, recomputed: DataFrame | None) -> None:
+    """A run's messages/ at `dest`: hard links to the stored files (`stored`, write_facts)
+    that hold no recomputed message, and one file of new rows: the recomputed messages and
+    the other rows of the files that held their old rows."""
+    files: dict[int, list[str]] = {}
+    for name in os.listdir(stored):
+        k = part_number(name)
+        if k is not None:
+            files.setdefault(k, []).append(os.path.join(stored, name))
+    hit: set[int] = set()
+    if old is not None:
+        hit = {int(r["f"]) for r in old.select(message_file(*T.KEY).alias("f")).distinct()
+               .collect()}
+    parts = [] if recomputed is None else [recomputed.select(*T.MESSAGE_COLUMNS)]
+    rewritten = [p for k in sorted(hit) for p in files.get(k, [])]
+    if rewritten and raw_keys is not None:
+        parts.append(join_keys(spark.read.parquet(*["file://" + p for p in rewritten]),
+                               raw_keys, "left_anti"))
+    if parts:
+        union_all(parts).coalesce(1).write.parquet("file://" + dest)
+    else:
+        os.makedirs(dest)
+    for k, paths in files.items():
+        if k not in hit:
+            for p in paths:
+                os.link(p, os.path.join(dest, "stored-" + os.path.basename(p)))
 
 
 def read_facts(spark: SparkSession, path: str, name: str) -> DataFrame:
@@ -375,11 +423,12 @@ def run_messages(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame 
 
 @dataclass
 class Carried:
-    """A run on the state and its stored facts: the message table to write, the summary's
-    tables, the slowest messages, and what to release after."""
+    """A run on the state and its stored facts: the message table, the summary's tables, the
+    slowest messages, the writer of its messages/ (link_messages), what to release after."""
     messages: DataFrame
     tables: facts.Tables
     slow: DataFrame
+    write_messages: Callable[[str], None] | None
     cached: list[DataFrame]
 
 
@@ -403,9 +452,13 @@ def run_carried(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame |
     def stored(name: str) -> DataFrame:
         return read_facts(spark, facts_dir, name)
 
+    stored_messages = os.path.join(facts_dir, "messages")
+    linked = os.path.isdir(stored_messages)
     if raw is None:
         return Carried(rows.select(*MESSAGE_FIELDS), facts.stored_tables(stored),
-                       T.slowest(stored("slow_top")), [])
+                       T.slowest(stored("slow_top")),
+                       (lambda dest: link_messages(spark, stored_messages, dest, None, None,
+                                                   None)) if linked else None, [])
     raw_events = T.window_events(raw, None, None)
     raw_keys = keys(raw_events)
     old = join_keys(rows, raw_keys, "left_semi").persist()
@@ -421,6 +474,8 @@ def run_carried(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame |
     messages = join_keys(rows, raw_keys, "left_anti").select(*MESSAGE_FIELDS).unionByName(
         recomputed.select(*MESSAGE_FIELDS))
     return Carried(messages, tables, slowest(rows, stored("slow_top"), raw_keys, recomputed),
+                   (lambda dest: link_messages(spark, stored_messages, dest, old, raw_keys,
+                                               recomputed)) if linked else None,
                    [old, recomputed])
 
 

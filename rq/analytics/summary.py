@@ -131,8 +131,15 @@ def build(meta: Mapping[str, Any], line_counts: Row, msg_rows: Sequence[Row],
           slow_rows: Sequence[Row]) -> dict[str, Any]:
     """summary.json (docs/analytics.md) from the collected aggregates and the run's `meta`
     (run_id, generated_at, duration_s, since, until, inputs, master)."""
+    groups: dict[tuple[int, int, str | None], list[Row]] = {}
+    for which, rows in enumerate((msg_rows, span_rows)):
+        for r in rows:
+            groups.setdefault((which, r["g"], None), []).append(r)
+            if r["g"] != G_ALL:
+                groups.setdefault((which, r["g"], r["queue"]), []).append(r)
+
     def pick(rows: Sequence[Row], g: int, queue: str | None = None) -> Sequence[Row]:
-        return [r for r in rows if r["g"] == g and (queue is None or r["queue"] == queue)]
+        return groups.get((0 if rows is msg_rows else 1, g, queue), [])
 
     def one(rows: Sequence[Row], g: int, queue: str | None = None) -> Row | None:
         found = pick(rows, g, queue)

@@ -50,6 +50,10 @@ EVENT_SCHEMA = StructType([
     StructField(CORRUPT, StringType()),
 ])
 EVENT_FIELDS = [f.name for f in EVENT_SCHEMA.fields if f.name != CORRUPT]
+# The columns of a run's messages/ table (docs/analytics.md).
+MESSAGE_COLUMNS = ["queue", "msg_id", "host", "final_state", "wait_s", "run_s", "total_s",
+                   "resends", "lease_expiries", "recoveries", "first_ts", "final_ts", "status",
+                   "events"]
 # A message's key, most selective first: the sort behind the per-message window compares a
 # prefix of the first column, and `host` is often one value for everything.
 KEY = ["msg_id", "queue", "host"]
