@@ -449,3 +449,20 @@ def test_bucket_is_monotone(spark: Any) -> None:
     assert [v for v, _ in got] == samples
     keys = [b for _, b in got]
     assert keys == sorted(keys) and len(set(keys)) > 150
+
+
+@needs_spark
+def test_literal_rows_and_in_lists_keep_every_value(spark: Any) -> None:
+    """facts.literal_rows and facts.in_list write values as Spark SQL text: quotes,
+    backslashes, non-ASCII, NULL and numbers come back as given; an empty table has the
+    schema and no row."""
+    from rq.analytics import facts
+
+    rows = [("it's", 1, 0.25), ("a\\b\\'c", None, -3.5), ("été \n", 2**40, None), (None, 0, 0.0)]
+    got = facts.literal_rows(spark, "s string, n long, x double", rows).collect()
+    assert [tuple(r) for r in got] == rows
+    df = facts.literal_rows(spark, "s string, n long, x double", rows)
+    picked = df.where(facts.in_list("s", ["it's", "a\\b\\'c"])).collect()
+    assert sorted(r["s"] for r in picked) == ["a\\b\\'c", "it's"]
+    empty = facts.literal_rows(spark, "s string, n long", [])
+    assert empty.collect() == [] and empty.columns == ["s", "n"]

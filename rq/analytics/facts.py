@@ -21,7 +21,7 @@ below it) at any size, and a mean is the exact sum over the count.
 
 Percentiles from the facts: per (queue, hour) by one window over that hour's values
 (`nearest_rank`); per queue and over everything in two steps, since a queue holds millions of
-values: counts per coarse bucket (`bucket`: a quarter of a power of two) say which bucket holds
+values: counts per coarse bucket (`bucket`: an eighth of a power of two) say which bucket holds
 each rank, and only those buckets' values are read and ranked (`group_percentiles`).
 """
 
@@ -54,12 +54,12 @@ def micros(seconds: Column) -> Column:
 
 
 def bucket(v: str) -> Column:
-    """A coarse bucket of column `v` (microseconds), monotone in v: 4 per power of two,
-    negative for negative v.  Integer arithmetic only (bin() gives the bit length), so every
-    JVM agrees."""
+    """A coarse bucket of column `v` (microseconds), monotone in v: 8 per power of two (the
+    bit length and the 3 bits after the leading one), negative for negative v.  Integer
+    arithmetic only (bin() gives the bit length), so every JVM agrees."""
     bits = f"length(bin(abs({v})))"
-    quarter = f"(shiftright(abs({v}), greatest({bits} - 3, 0)) % 4)"
-    return F.expr(f"cast(signum({v}) as int) * ({bits} * 4 + cast({quarter} as int))")
+    eighth = f"(shiftright(abs({v}), greatest({bits} - 4, 0)) % 8)"
+    return F.expr(f"cast(signum({v}) as int) * ({bits} * 8 + cast({eighth} as int))")
 
 
 # ---------------------------------------------------------------- the facts
@@ -387,17 +387,22 @@ def summary_rows(spark: SparkSession, t: Tables
         msg_rows.append(all_row)
         span_rows.append(span_row(summary.G_ALL, None, {(None, k): v for k, v in every.items()},
                                   pct))
-    for r in T.rows(t.queue_hour):
-        msg_rows.append({"g": summary.G_QUEUE_HOUR, **r})
-    hours: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in T.rows(t.hour_pct):
-        row = hours.setdefault((r["queue"], r["hour"]), {
-            "g": summary.G_QUEUE_HOUR, "queue": r["queue"], "hour": r["hour"],
-            "wait_p": None, "wait_mean": None, "wait_n": 0,
-            "run_p": None, "run_mean": None, "run_n": 0})
-        row[f"{r['kind']}_p"] = [None if r[p] is None else r[p] / US for p in PNAMES]
-        row[f"{r['kind']}_n"] = int(r["n"])
-    span_rows.extend(hours.values())
+    # The hours: counts and percentiles side by side, one row per (queue, hour) collected.
+    wide = t.hour_pct.groupBy("queue", "hour").agg(*[
+        F.max(F.when(F.col("kind") == kind, F.col(c))).alias(f"{kind}_{c}")
+        for kind in ("wait", "run") for c in ("n", *PNAMES)])
+    for r in T.rows(t.queue_hour.join(wide, ["queue", "hour"], "full_outer")):
+        key = {"g": summary.G_QUEUE_HOUR, "queue": r["queue"], "hour": r["hour"]}
+        if r["done"] is not None:
+            msg_rows.append({**key, **{s: r[s] for s in STATES}})
+        if r["wait_n"] is not None or r["run_n"] is not None:
+            row = dict(key)
+            for kind in ("wait", "run"):
+                n = r[f"{kind}_n"]
+                row[f"{kind}_p"] = None if n is None else [
+                    None if r[f"{kind}_{p}"] is None else r[f"{kind}_{p}"] / US for p in PNAMES]
+                row[f"{kind}_mean"], row[f"{kind}_n"] = None, int(n or 0)
+            span_rows.append(row)
     return msg_rows, span_rows
 
 
