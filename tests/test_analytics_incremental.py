@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from rq.analytics import job, manifest, progress
+from rq.analytics import job, load, manifest, progress
 from rq.builtin import cleaner
 from rq.events import decode_line, encode_event
 
@@ -399,6 +399,30 @@ def test_carried_state_across_runs(spark: Any, first_run: FirstRun) -> None:
     assert sorted(p.name for p in (out / "compacted").iterdir()
                   if p.name.startswith("state.")) == sorted(
         Path(book["state"][k]).name for k in ("dir", "facts"))
+
+
+@needs_spark
+def test_facts_of_another_version_are_written_again(spark: Any, first_run: FirstRun) -> None:
+    """Stored facts of another version (another bucket function, say) are never added to:
+    the next run writes them again from the state, removes the old ones, and gives the same
+    result."""
+    first_run.restore()
+    out = first_run.out
+    book = manifest.load_manifest(str(out))
+    old = book["state"]["facts"]
+    book["state"]["facts_version"] = 0
+    load.write_json(manifest.manifest_path(str(out)), book)
+    again = analyse(spark, first_run.tree, out, full=False)
+    comp = again["summary"]["compaction"]
+    assert (comp["state"], comp["tables"]) == ("kept", "facts")
+    book = manifest.load_manifest(str(out))
+    assert book["state"]["facts"] != old and not (out / old).exists()
+    assert (out / book["state"]["facts"] / "messages").is_dir()
+    for name in ("messages", "errors", "hourly", "hourly.json"):
+        assert again[name] == first_run.result[name], name
+    keep = RUN_FIELDS + ("files",)
+    assert ({k: v for k, v in again["summary"].items() if k not in keep}
+            == {k: v for k, v in first_run.result["summary"].items() if k not in keep})
 
 
 @needs_spark

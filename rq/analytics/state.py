@@ -164,10 +164,15 @@ def maintain(spark: SparkSession, out: str, book: dict[str, Any], dirs: list[str
     entry = book.get("state")
     path = state_path(out, book)
     if path is not None and entry is not None and entry["covers"] == dirs:
-        if not facts_path(out, book):  # a state stored before its facts were
+        if not facts_path(out, book):  # stored before its facts were, or in another version
+            stale = entry.get("facts")
             entry["facts"] = stage(out, lambda dest: write_facts(spark, path, dest),
-                                   os.path.basename(path) + FACTS_SUFFIX)
+                                   f"{os.path.basename(path)}.{secrets.token_hex(4)}"
+                                   f"{FACTS_SUFFIX}")
+            entry["facts_version"] = FACTS_VERSION
             load.write_json(manifest.manifest_path(out), book)
+            if stale:
+                shutil.rmtree(os.path.join(out, stale), ignore_errors=True)
         return path, "kept"
     if not dirs:  # nothing compacted: no state (a run reads raw lines only)
         return None, "none"
@@ -180,7 +185,8 @@ def maintain(spark: SparkSession, out: str, book: dict[str, Any], dirs: list[str
                 manifest.STATE_PREFIX + token)
     rel_facts = stage(out, lambda dest: write_facts(spark, os.path.join(out, rel), dest),
                       manifest.STATE_PREFIX + token + FACTS_SUFFIX)
-    book["state"] = {"dir": rel, "covers": dirs, "facts": rel_facts}
+    book["state"] = {"dir": rel, "covers": dirs, "facts": rel_facts,
+                     "facts_version": FACTS_VERSION}
     load.write_json(manifest.manifest_path(out), book)
     if entry is not None:
         for old in (entry["dir"], entry.get("facts")):
@@ -208,9 +214,17 @@ FACTS_SUFFIX = ".facts"
 SLOW_KEEP = 100         # per queue: the slowest of a run are found among these (see `slowest`)
 
 
+# The stored facts' layout and the bucket function they were written with (facts.bucket):
+# facts of another version are written again from the state.
+FACTS_VERSION = 1
+
+
 def facts_path(out: str, book: dict[str, Any]) -> str | None:
-    rel = (book.get("state") or {}).get("facts")
-    return os.path.join(out, rel) if rel and os.path.isdir(os.path.join(out, rel)) else None
+    entry = book.get("state") or {}
+    rel = entry.get("facts")
+    if not rel or entry.get("facts_version") != FACTS_VERSION:
+        return None
+    return os.path.join(out, rel) if os.path.isdir(os.path.join(out, rel)) else None
 
 
 def slow_candidates(rows: DataFrame) -> DataFrame:
