@@ -371,11 +371,9 @@ def test_carried_state_across_runs(spark: Any, first_run: FirstRun) -> None:
     comp = second["summary"]["compaction"]
     assert (comp["state"], comp["days_compacted_now"], comp["tables"]) == ("kept", 0, "facts")
     assert_carried(second["summary"], tree, days(0, 1))
-    # messages/: links to the stored files no recomputed message is in, one file of new rows
+    # messages/: one file of new rows (the links are tested below)
     names = os.listdir(out / "current" / "messages")
-    linked = [n for n in names if n.startswith("stored-")]
-    assert linked and len([n for n in names if n.startswith("part-")]) == 1, names
-    assert os.stat(out / "current" / "messages" / linked[0]).st_nlink >= 2
+    assert len([n for n in names if n.startswith("part-")]) == 1, names
     assert_same(second, analyse(spark, tree, out, full=True))
 
     # Run 3, a day later: today is compacted on top of the state (which is updated, not
@@ -554,3 +552,44 @@ def test_slowest_from_the_stored_lists_and_their_fallback(spark: Any,
                                                      n).collect())
         assert got == expect(n), (keep, n)
         assert ("a", "m20", "h", 6.2, 2) in got
+
+
+@needs_spark
+def test_messages_files_are_linked_unless_a_recomputed_message_is_in_them(
+        spark: Any, tmp_path: Path) -> None:
+    """state.link_messages: the stored messages files holding none of the recomputed messages
+    are hard links in the run's messages/, the others' remaining rows and the recomputed ones
+    are one new file, and the table read back is the stored one with the recomputed rows
+    replacing their old ones."""
+    from pyspark.sql import functions as F
+
+    from rq.analytics import facts, state
+
+    def table(ids: list[int], final: str) -> Any:
+        cols = {"queue": F.lit("a"), "msg_id": F.concat(F.lit("m"), F.col("id")),
+                "host": F.lit("h"), "final_state": F.lit(final)}
+        return spark.range(100).where(facts.in_list("id", ids)).select(*[
+            cols.get(c, F.lit(None)).cast(t).alias(c) for c, t in (
+                ("queue", "string"), ("msg_id", "string"), ("host", "string"),
+                ("final_state", "string"), ("wait_s", "double"), ("run_s", "double"),
+                ("total_s", "double"), ("resends", "long"), ("lease_expiries", "long"),
+                ("recoveries", "long"), ("first_ts", "double"), ("final_ts", "double"),
+                ("status", "string"), ("events", "long"))])
+
+    stored = tmp_path / "facts"
+    state.write_messages(table(list(range(40)), "done"), str(stored), 8)
+    assert json.loads((stored / state.LAYOUT).read_text()) == {"message_files": 8}
+    files = [n for n in os.listdir(stored / "messages") if n.startswith("part-")]
+    recomputed = table([7, 99], "err")           # m7 changes, m99 is new
+    old = table([7], "done")
+    dest = tmp_path / "run" / "messages"
+    dest.parent.mkdir()
+    state.link_messages(spark, str(stored / "messages"), str(dest), old,
+                        state.keys(recomputed), recomputed)
+    names = os.listdir(dest)
+    linked = [n for n in names if n.startswith("stored-")]
+    assert len(linked) == len(files) - 1 and len([n for n in names if n.startswith("part-")]) == 1
+    assert all(os.stat(dest / n).st_nlink == 2 for n in linked)
+    got = {(r["msg_id"], r["final_state"]) for r in spark.read.parquet(str(dest)).collect()}
+    assert got == {(f"m{i}", "err" if i == 7 else "done") for i in range(40)} | {("m99", "err")}
+    assert len(spark.read.parquet(str(dest)).collect()) == 41

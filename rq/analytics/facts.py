@@ -356,9 +356,17 @@ def summary_rows(spark: SparkSession, t: Tables
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(msg_rows, span_rows) in the grouping-set form rq.analytics.summary reads: g = 0
     (queue, hour), 1 (queue) and 3 (everything)."""
-    queues = T.rows(t.queues)
-    stats = T.rows(t.stats)
-    pct = group_percentiles(spark, T.rows(t.coarse), t.values_b)
+    # The three small tables in one query (a Spark job each costs more than their rows).
+    tagged = (t.queues.withColumn("_t", F.lit(0))
+              .unionByName(t.stats.withColumn("_t", F.lit(1)), allowMissingColumns=True)
+              .unionByName(t.coarse.withColumn("_t", F.lit(2)), allowMissingColumns=True))
+    columns = (t.queues.columns, t.stats.columns, t.coarse.columns)
+    parts: tuple[list[dict[str, Any]], ...] = ([], [], [])
+    for r in T.rows(tagged):
+        tag = r["_t"]
+        parts[tag].append({c: r[c] for c in columns[tag]})
+    queues, stats, coarse_rows = parts
+    pct = group_percentiles(spark, coarse_rows, t.values_b)
     msg_rows: list[dict[str, Any]] = []
     span_rows: list[dict[str, Any]] = []
     stat = {(r["queue"], r["kind"]): r for r in stats}

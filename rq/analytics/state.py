@@ -24,6 +24,7 @@ not depend on how the rows are laid out.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import secrets
 import shutil
@@ -216,7 +217,7 @@ SLOW_KEEP = 100         # per queue: the slowest of a run are found among these 
 
 # The stored facts' layout and the bucket function they were written with (facts.bucket):
 # facts of another version are written again from the state.
-FACTS_VERSION = 1
+FACTS_VERSION = 2
 
 
 def facts_path(out: str, book: dict[str, Any]) -> str | None:
@@ -247,29 +248,41 @@ def write_facts(spark: SparkSession, rows_path: str, dest: str) -> None:
              .drop("rank")}
     for name, df in small.items():
         df.coalesce(1).write.parquet(f"file://{dest}/{name}")
+    # Files by hash (no sampling job, as a range partitioning would cost), each sorted: the
+    # row groups' min/max still let a reader skip what it does not need.
+    size = compact.tree_bytes(rows_path)
+    parts = max(1, min(4, size // (32 << 20)))
     sorted_tables = {"values_h": values.where(F.col("hour").isNotNull())
-                     .repartitionByRange(4, "hour").sortWithinPartitions("hour", "queue", "kind"),
-                     "values_b": values_b.repartitionByRange(4, "b", "kind")
+                     .repartition(parts, "hour").sortWithinPartitions("hour", "queue", "kind"),
+                     "values_b": values_b.repartition(parts, "b")
                      .sortWithinPartitions("b", "kind", "queue", "v")}
     for name, df in sorted_tables.items():
         df.write.option("parquet.block.size", ROW_GROUP).parquet(f"file://{dest}/{name}")
     values.unpersist()
     values_b.unpersist()
-    # The messages/ table of a run, in MESSAGE_FILES files by the hash of the key (file k
-    # holds the keys with message_file(key) = k): a run links the files it does not change.
-    (rows.select(*T.MESSAGE_COLUMNS).repartition(MESSAGE_FILES, *T.KEY)
+    # The messages/ table of a run, in `files` files by the hash of the key (file k holds the
+    # keys with message_file(key, files) = k): a run links the files it does not change.
+    write_messages(rows, dest, max(4, min(MESSAGE_FILES, size // (4 << 20))))
+
+
+def write_messages(rows: DataFrame, dest: str, files: int) -> None:
+    """`dest/messages`: the messages/ columns of `rows` in `files` files by the hash of the
+    key, and `dest/layout.json` saying how many (link_messages)."""
+    (rows.select(*T.MESSAGE_COLUMNS).repartition(files, *T.KEY)
      .write.parquet(f"file://{dest}/messages"))
+    load.write_json(os.path.join(dest, LAYOUT), {"message_files": files})
 
 
 ROW_GROUP = str(2 << 20)
-MESSAGE_FILES = 64
+MESSAGE_FILES = 64      # at most; one per 4 MiB of state, at least 4
+LAYOUT = "layout.json"
 
 
-def message_file(*key: str) -> Column:
-    """The stored messages file of a key: Spark's hash partitioning of `repartition(n, *key)`
-    (pmod of the seed-42 Murmur3 hash, SQL's `hash`), so a part file's number says which keys
-    it holds."""
-    return F.expr(f"pmod(hash({', '.join(key)}), {MESSAGE_FILES})")
+def message_file(files: int) -> Column:
+    """The stored messages file of a key: Spark's hash partitioning of `repartition(files,
+    *KEY)` (pmod of the seed-42 Murmur3 hash, SQL's `hash`), so a part file's number says
+    which keys it holds."""
+    return F.expr(f"pmod(hash({', '.join(T.KEY)}), {files})")
 
 
 def part_number(name: str) -> int | None:
@@ -291,7 +304,9 @@ def link_messages(spark: SparkSession, stored: str, dest: str, old: DataFrame | 
             files.setdefault(k, []).append(os.path.join(stored, name))
     hit: set[int] = set()
     if old is not None:
-        hit = {int(r["f"]) for r in old.select(message_file(*T.KEY).alias("f")).distinct()
+        with open(os.path.join(os.path.dirname(stored), LAYOUT), encoding="utf-8") as f:
+            count = int(json.load(f)["message_files"])
+        hit = {int(r["f"]) for r in old.select(message_file(count).alias("f")).distinct()
                .collect()}
     parts = [] if recomputed is None else [recomputed.select(*T.MESSAGE_COLUMNS)]
     rewritten = [p for k in sorted(hit) for p in files.get(k, [])]
