@@ -526,44 +526,50 @@ def test_progress_only_on_a_terminal_outside_queue_jobs() -> None:
 @needs_spark
 def test_slowest_from_the_stored_lists_and_their_fallback(spark: Any,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """rq.analytics.state.slowest equals transform.slowest of the whole message table, both
-    when the stored lists suffice and when recomputation emptied a queue's list (the queue is
-    then ranked from all its rows)."""
-    from rq.analytics import facts, state
+    """rq.analytics.stored.slowest then totals.top_lists equal transform.slowest of the whole
+    message table, both when the stored lists suffice and when recomputation emptied a
+    queue's list (the queue is then ranked from all its rows)."""
+    from rq.analytics import facts, state, stored, summary, totals
     from rq.analytics import transform as T
 
     schema = "queue string, msg_id string, host string, run_s double"
     table = [("a", f"m{i}", "h", float(i % 7 + i / 100)) for i in range(30)] + [
         ("b", f"m{i}", "h", float(i)) for i in range(4)] + [("a", "m3", "h2", 3.03)]
+    again = [("a", "m6", "h", 99.0), ("a", "m27", "h", 1.0), ("b", "m1", "h", 0.5)]
     rows = facts.literal_rows(spark, schema, table)
-    recomputed = facts.literal_rows(spark, schema, [("a", "m6", "h", 99.0), ("a", "m27", "h", 1.0),
-                                                    ("b", "m1", "h", 0.5)])
+    recomputed = facts.literal_rows(spark, schema, again)
     raw_keys = state.keys(recomputed)
-
-    def expect(n: int) -> list[tuple[Any, ...]]:
-        whole = state.join_keys(rows, raw_keys, "left_anti").unionByName(recomputed)
-        return sorted(tuple(r) for r in T.slowest(whole, n).collect())
-
+    whole = state.join_keys(rows, raw_keys, "left_anti").unionByName(recomputed)
+    old = {(q, m, h) for q, m, h, _ in again} & {(q, m, h) for q, m, h, _ in table}
     # all held; the lists suffice; `a`'s list (m27 6.27, m20, m13) loses m27: `a` falls back
-    for keep, n in ((100, 10), (3, 2), (3, 3)):
-        monkeypatch.setattr(state, "SLOW_KEEP", keep)
-        slow_top = T.top_per_queue(rows, T.slowest_order(), keep).drop("rank")
-        got = sorted(tuple(r) for r in state.slowest(rows, slow_top, raw_keys, recomputed,
-                                                     n).collect())
-        assert got == expect(n), (keep, n)
+    for keep, top in ((100, 10), (3, 2), (3, 3)):
+        monkeypatch.setattr(stored, "SLOW_KEEP", keep)
+        monkeypatch.setattr(summary, "TOP", top)
+        listed: dict[Any, float] = {}
+        for queue in ("a", "b"):
+            mine = sorted((((q, m, h), r) for q, m, h, r in table if q == queue),
+                          key=totals.slow_order)
+            listed.update(mine[:keep])
+        change = totals.Totals(slow={(q, m, h): r for q, m, h, r in again})
+        candidates = stored.slowest(spark, rows, raw_keys, totals.Totals(slow=listed), change,
+                                    old)
+        got = sorted(tuple(r.values()) for r in
+                     totals.top_lists(totals.Totals(slow=candidates), top)[2])
+        want = sorted(tuple(r) for r in T.slowest(whole, top).collect())
+        assert got == want, (keep, top)
         assert ("a", "m20", "h", 6.2, 2) in got
 
 
 @needs_spark
 def test_messages_files_are_linked_unless_a_recomputed_message_is_in_them(
         spark: Any, tmp_path: Path) -> None:
-    """state.link_messages: the stored messages files holding none of the recomputed messages
+    """stored.link_messages: the stored messages files holding none of the recomputed messages
     are hard links in the run's messages/, the others' remaining rows and the recomputed ones
     are one new file, and the table read back is the stored one with the recomputed rows
     replacing their old ones."""
     from pyspark.sql import functions as F
 
-    from rq.analytics import facts, state
+    from rq.analytics import facts, state, stored
 
     def table(ids: list[int], final: str) -> Any:
         cols = {"queue": F.lit("a"), "msg_id": F.concat(F.lit("m"), F.col("id")),
@@ -576,15 +582,15 @@ def test_messages_files_are_linked_unless_a_recomputed_message_is_in_them(
                 ("recoveries", "long"), ("first_ts", "double"), ("final_ts", "double"),
                 ("status", "string"), ("events", "long"))])
 
-    stored = tmp_path / "facts"
-    state.write_messages(table(list(range(40)), "done"), str(stored), 8)
-    assert json.loads((stored / state.LAYOUT).read_text()) == {"message_files": 8}
-    files = [n for n in os.listdir(stored / "messages") if n.startswith("part-")]
+    facts_dir = tmp_path / "facts"
+    stored.write_messages(table(list(range(40)), "done"), str(facts_dir), 8)
+    assert json.loads((facts_dir / stored.LAYOUT).read_text()) == {"message_files": 8}
+    files = [n for n in os.listdir(facts_dir / "messages") if n.startswith("part-")]
     recomputed = table([7, 99], "err")           # m7 changes, m99 is new
     old = table([7], "done")
     dest = tmp_path / "run" / "messages"
     dest.parent.mkdir()
-    state.link_messages(spark, str(stored / "messages"), str(dest), old,
+    stored.link_messages(spark, str(facts_dir / "messages"), str(dest), old,
                         state.keys(recomputed), recomputed)
     names = os.listdir(dest)
     linked = [n for n in names if n.startswith("stored-")]

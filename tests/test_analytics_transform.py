@@ -416,7 +416,8 @@ def test_percentiles_are_exact_nearest_rank_beyond_ten_thousand_values(spark: An
         ((ids * 7919) % 100_003 * (ids % 5 + 1) - 5_000).alias("v"))
     values = raw.groupBy("queue", "hour", "kind", "v").agg(F.count(F.lit(1)).alias("n"))
     values_b = facts.by_queue(values)
-    got = facts.group_percentiles(spark, [r.asDict() for r in facts.coarse(values_b).collect()],
+    got = facts.group_percentiles(spark, {(r["queue"], r["kind"], r["b"]): r["n"]
+                                          for r in facts.coarse(values_b).collect()},
                                   lambda _buckets: values_b)
     by_queue: dict[str, list[int]] = {"a": [], "b": []}
     by_hour: dict[tuple[str, int], list[int]] = {}
@@ -466,3 +467,45 @@ def test_literal_rows_and_in_lists_keep_every_value(spark: Any) -> None:
     assert sorted(r["s"] for r in picked) == ["a\\b\\'c", "it's"]
     empty = facts.literal_rows(spark, "s string, n long", [])
     assert empty.collect() == [] and empty.columns == ["s", "n"]
+
+
+def test_totals_add_round_trip_and_rank() -> None:
+    """rq.analytics.totals (pure): sums drop what adds up to nothing, first/last times take
+    the min/max, JSON keeps everything, the Python nearest rank is the hand computation."""
+    from rq.analytics import totals
+
+    a = totals.from_rows({
+        "queue_hour": [{"queue": "q", "hour": 0, "done": 2, "err": 1, "relayed": 0,
+                        "deleted": 0}],
+        "queues": [{"queue": "q", "done": 2, "err": 1, "relayed": 0, "deleted": 0,
+                    "unfinished": 1, "events": 9, "resend": 0, "lease_expired": 0,
+                    "recovered": 0, "first_ts": 5.0, "last_ts": 50.0}],
+        "coarse": [{"queue": "q", "kind": "run", "b": 40, "n": 3}],
+        "errors": [{"queue": "q", "status": "boom", "n": 1}],
+        "slow": [{"queue": "q", "msg_id": "m1", "host": None, "run_s": 2.5}]})
+    b = totals.from_rows({
+        "queue_hour": [{"queue": "q", "hour": 0, "done": -2, "err": -1, "relayed": 0,
+                        "deleted": 0},
+                       {"queue": "q", "hour": 3600, "done": 2, "err": 1, "relayed": 0,
+                        "deleted": 0}],
+        "queues": [{"queue": "q", "done": 0, "err": 0, "relayed": 0, "deleted": 0,
+                    "unfinished": -1, "events": 2, "resend": 1, "lease_expired": 0,
+                    "recovered": 0, "first_ts": 7.0, "last_ts": 3700.0}],
+        "coarse": [{"queue": "q", "kind": "run", "b": 40, "n": -3}],
+        "errors": [{"queue": "q", "status": "boom", "n": 1}]})
+    c = totals.add(a, b)
+    assert c.queue_hour == {("q", 3600): [2, 1, 0, 0]} and c.coarse == {}
+    assert c.queues["q"] == {"done": 2, "err": 1, "relayed": 0, "deleted": 0, "unfinished": 0,
+                             "events": 11, "resend": 1, "lease_expired": 0, "recovered": 0,
+                             "first_ts": 5.0, "last_ts": 3700.0}
+    assert c.errors == {("q", "boom"): 2} and c.slow == {("q", "m1", None): 2.5}
+    assert totals.from_json(json.loads(json.dumps(totals.to_json(c)))) == c
+    assert totals.message_count(c) == 3
+    # 0 1 5 10 10 10 20 100 100: p50 the 5th, p90 and p99 the 9th
+    assert totals.nearest_rank([(10, 3), (100, 2), (0, 1), (20, 1), (1, 1), (5, 1)]) == [
+        9, 10, 100, 100]
+    # ties by msg_id then host, nulls first
+    t = totals.Totals(slow={("q", "b", "h"): 1.0, ("q", "a", "h"): 1.0, ("q", "a", None): 1.0,
+                            ("q", "z", "h"): 3.0})
+    assert [(r["msg_id"], r["host"], r["rank"]) for r in totals.top_lists(t)[2]] == [
+        ("z", "h", 1), ("a", None, 2), ("a", "h", 3), ("b", "h", 4)]

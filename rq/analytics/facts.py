@@ -28,8 +28,7 @@ each rank, and only those buckets' values are read and ranked (`group_percentile
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from decimal import Decimal
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -37,14 +36,8 @@ from pyspark.sql import functions as F
 
 from rq.analytics import summary
 from rq.analytics import transform as T
+from rq.analytics.totals import COUNTS, PCTS, PNAMES, STATES, US
 
-US = 1_000_000
-# p50, p90, p99 as exact fractions: rank = ceil(n * a / b), in integers.
-PCTS = ((1, 2), (9, 10), (99, 100))
-PNAMES = ("p50", "p90", "p99")
-KINDS = ("wait", "run", "total")
-STATES = ("done", "err", "relayed", "deleted")
-COUNTS = ("unfinished", "events", "resend", "lease_expired", "recovered")
 WAIT_EDGES_US = [round(e * US) for e in summary.WAIT_EDGES]
 SUM_TYPE = "decimal(38,0)"    # a sum of microseconds that cannot overflow
 
@@ -215,28 +208,27 @@ def in_list(column: str, values: Iterable[Any]) -> Column:
     return F.expr(f"{column} IN ({', '.join(sql_literal(v) for v in values)})")
 
 
-def group_percentiles(spark: SparkSession, coarse_rows: Sequence[Mapping[str, Any]],
+def group_percentiles(spark: SparkSession, coarse_counts: Mapping[tuple[str, str, int], int],
                       values_b: Callable[[list[int]], DataFrame]
                       ) -> dict[tuple[str | None, str], list[float | None]]:
     """Nearest-rank p50, p90, p99 (seconds) per (queue, kind) and (None, kind) (every queue).
-    `coarse_rows`: (queue, kind, b, n) collected; `values_b(buckets)`: the (queue, kind, b, v,
-    n) rows, of at least those buckets (a reader can skip the rest)."""
+    `coarse_counts`: (queue, kind, b) → n (totals.Totals.coarse); `values_b(buckets)`: the
+    (queue, kind, b, v, n) rows, of at least those buckets (a reader can skip the rest)."""
     counts: dict[tuple[str | None, str], dict[int, int]] = {}
-    for r in coarse_rows:
-        n = int(r["n"])
+    for (queue, kind, b), n in coarse_counts.items():
         if n:
-            for group in ((r["queue"], r["kind"]), (None, r["kind"])):
+            for group in ((queue, kind), (None, kind)):
                 per = counts.setdefault(group, {})
-                per[int(r["b"])] = per.get(int(r["b"]), 0) + n
+                per[b] = per.get(b, 0) + n
     targets = []          # (queue or None, kind, bucket, rank within the bucket, name)
-    for (queue, kind), per in counts.items():
+    for (group_queue, kind), per in counts.items():
         total = sum(per.values())
         for (a, b), name in zip(PCTS, PNAMES):
             rank = (total * a + b - 1) // b
             seen = 0
             for bk in sorted(per):
                 if seen + per[bk] >= rank:
-                    targets.append((queue, kind, bk, rank - seen, name))
+                    targets.append((group_queue, kind, bk, rank - seen, name))
                     break
                 seen += per[bk]
     out: dict[tuple[str | None, str], list[float | None]] = {
@@ -267,167 +259,31 @@ def group_percentiles(spark: SparkSession, coarse_rows: Sequence[Mapping[str, An
     return out
 
 
-# ---------------------------------------------------------------- the run's aggregates
+# ---------------------------------------------------------------- collected in one query
 
 
-@dataclass(frozen=True)
-class Tables:
-    """What the summary is computed from: facts and the tables derived from their values.
-    `values_b(buckets)` gives the (queue, kind, b, v, n) rows of at least those buckets."""
-    queue_hour: DataFrame
-    queues: DataFrame
-    stats: DataFrame           # value_stats
-    coarse: DataFrame
-    hour_pct: DataFrame        # hour_percentiles
-    errors: DataFrame
-    values_b: Callable[[list[int]], DataFrame]
-    cached: tuple[DataFrame, ...] = ()
-
-
-def tables(facts: Facts) -> Tables:
-    """Every table of a run from its facts (the full recompute; state.build): the values are
-    cached, and their per-queue form, each read three times."""
-    values = facts.values.persist()
-    values_b = by_queue(values).persist()
-    return Tables(facts.queue_hour, facts.queues, value_stats(values_b), coarse(values_b),
-                  hour_percentiles(values), facts.errors, lambda _b: values_b,
-                  (values, values_b))
-
-
-def carried(spark: SparkSession, stored: Callable[[str], DataFrame], delta: Facts) -> Tables:
-    """The tables of stored facts plus `delta` (the facts of a run's recomputed messages
-    minus those of their stored rows): sums of small tables, and of the value tables only
-    what the delta touches.  `stored(name)` reads a table state.write_facts wrote."""
-    d_values = delta.values.where(F.col("n") != 0).persist()
-    d_b = by_queue(d_values).persist()
-    stats = add(stored("stats"), value_stats(d_b), ["queue", "kind"], ("n",))
-    coarse_t = add(stored("coarse"), coarse(d_b), ["queue", "kind", "b"], ("n",))
-
-    def values_b(buckets: list[int]) -> DataFrame:
-        base = stored("values_b").where(in_list("b", buckets))
-        return add(base, d_b.where(in_list("b", buckets)), ["queue", "kind", "b", "v"],
-                   ("n",))
-
-    # Hours whose spans changed: their percentiles from the stored values of those hours
-    # (read by hour: the table is sorted by it) plus the delta; the other hours' are kept.
-    touched = (d_values.where(F.col("hour").isNotNull() & (F.col("kind") != "total"))
-               .select("queue", "hour", "kind").distinct())
-    hours = sorted({r["hour"] for r in touched.select("hour").distinct().collect()})
-    on = ["queue", "hour", "kind"]
-    if hours:
-        base = stored("values_h").where(in_list("hour", hours)).join(touched, on, "left_semi")
-        fresh = hour_percentiles(add_table("values", base,
-                                           d_values.where(in_list("hour", hours))))
-        hour_pct = stored("hour_pct").join(touched, on, "left_anti").unionByName(fresh)
-    else:
-        hour_pct = stored("hour_pct")
-    return Tables(add_table("queue_hour", stored("queue_hour"), delta.queue_hour),
-                  add_table("queues", stored("queues"), delta.queues),
-                  stats, coarse_t, hour_pct, add_table("errors", stored("errors"), delta.errors),
-                  values_b, (d_values, d_b))
-
-
-def stored_tables(stored: Callable[[str], DataFrame]) -> Tables:
-    """The tables of stored facts as they are (a run with no raw events)."""
-    return Tables(stored("queue_hour"), stored("queues"), stored("stats"), stored("coarse"),
-                  stored("hour_pct"), stored("errors"),
-                  lambda buckets: stored("values_b").where(in_list("b", buckets)))
-
-
-def release(t: Tables) -> None:
-    for df in t.cached:
-        df.unpersist()
-
-
-def with_values(t: Tables, values_b: Callable[[list[int]], DataFrame]) -> Tables:
-    return replace(t, values_b=values_b)
-
-
-def dist_fields(prefix: str, stats: Mapping[str, Any] | None,
-                pct: Sequence[float | None] | None) -> dict[str, Any]:
-    n = int((stats or {}).get("n") or 0)
-    total = (stats or {}).get("sum")
-    mean = (int(Decimal(total)) / n) / US if n and total is not None else None
-    return {f"{prefix}_p": list(pct) if pct else [None, None, None],
-            f"{prefix}_mean": mean, f"{prefix}_n": n}
-
-
-def summary_rows(spark: SparkSession, t: Tables
-                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(msg_rows, span_rows) in the grouping-set form rq.analytics.summary reads: g = 0
-    (queue, hour), 1 (queue) and 3 (everything)."""
-    # The three small tables in one query (a Spark job each costs more than their rows).
-    tagged = (t.queues.withColumn("_t", F.lit(0))
-              .unionByName(t.stats.withColumn("_t", F.lit(1)), allowMissingColumns=True)
-              .unionByName(t.coarse.withColumn("_t", F.lit(2)), allowMissingColumns=True))
-    columns = (t.queues.columns, t.stats.columns, t.coarse.columns)
-    parts: tuple[list[dict[str, Any]], ...] = ([], [], [])
+def collect(parts: Mapping[str, DataFrame]) -> dict[str, list[dict[str, Any]]]:
+    """The rows of several small DataFrames from one query (a Spark job costs more than such
+    rows do): their union by name, tagged, split again by tag, each row with its own
+    table's columns."""
+    names = list(parts)
+    if not names:
+        return {}
+    tagged = None
+    for i, name in enumerate(names):
+        df = parts[name].withColumn("_t", F.lit(i))
+        tagged = df if tagged is None else tagged.unionByName(df, allowMissingColumns=True)
+    columns = [parts[name].columns for name in names]
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    assert tagged is not None
     for r in T.rows(tagged):
-        tag = r["_t"]
-        parts[tag].append({c: r[c] for c in columns[tag]})
-    queues, stats, coarse_rows = parts
-    pct = group_percentiles(spark, coarse_rows, t.values_b)
-    msg_rows: list[dict[str, Any]] = []
-    span_rows: list[dict[str, Any]] = []
-    stat = {(r["queue"], r["kind"]): r for r in stats}
-    every: dict[str, dict[str, Any]] = {}
-    for r in stats:
-        e = every.setdefault(r["kind"], {"n": 0, "sum": Decimal(0)})
-        for k, v in r.items():
-            if k not in ("queue", "kind"):
-                e[k] = e.get(k, 0) + (v or 0)
-    all_row: dict[str, Any] = {s: 0 for s in (*STATES, *COUNTS)}
-    all_row.update(first_ts=None, last_ts=None)
-    for q in queues:
-        row = {"g": summary.G_QUEUE, "hour": None, **q}
-        row.update(dist_fields("total", stat.get((q["queue"], "total")),
-                               pct.get((q["queue"], "total"))))
-        msg_rows.append(row)
-        for s in (*STATES, *COUNTS):
-            all_row[s] += int(q[s] or 0)
-        for k, pick in (("first_ts", min), ("last_ts", max)):
-            if q[k] is not None:
-                all_row[k] = q[k] if all_row[k] is None else pick(all_row[k], q[k])
-        span_rows.append(span_row(summary.G_QUEUE, q["queue"], stat, pct))
-    if queues:
-        all_row.update({"g": summary.G_ALL, "queue": None, "hour": None})
-        all_row.update(dist_fields("total", every.get("total"), pct.get((None, "total"))))
-        msg_rows.append(all_row)
-        span_rows.append(span_row(summary.G_ALL, None, {(None, k): v for k, v in every.items()},
-                                  pct))
-    # The hours: counts and percentiles side by side, one row per (queue, hour) collected.
-    wide = t.hour_pct.groupBy("queue", "hour").agg(*[
-        F.max(F.when(F.col("kind") == kind, F.col(c))).alias(f"{kind}_{c}")
-        for kind in ("wait", "run") for c in ("n", *PNAMES)])
-    for r in T.rows(t.queue_hour.join(wide, ["queue", "hour"], "full_outer")):
-        key = {"g": summary.G_QUEUE_HOUR, "queue": r["queue"], "hour": r["hour"]}
-        if r["done"] is not None:
-            msg_rows.append({**key, **{s: r[s] for s in STATES}})
-        if r["wait_n"] is not None or r["run_n"] is not None:
-            row = dict(key)
-            for kind in ("wait", "run"):
-                n = r[f"{kind}_n"]
-                row[f"{kind}_p"] = None if n is None else [
-                    None if r[f"{kind}_{p}"] is None else r[f"{kind}_{p}"] / US for p in PNAMES]
-                row[f"{kind}_mean"], row[f"{kind}_n"] = None, int(n or 0)
-            span_rows.append(row)
-    return msg_rows, span_rows
+        i = r["_t"]
+        out[names[i]].append({c: r[c] for c in columns[i]})
+    return out
 
 
-def span_row(g: int, queue: str | None, stat: Mapping[tuple[str | None, str], Any],
-             pct: Mapping[tuple[str | None, str], list[float | None]]) -> dict[str, Any]:
-    row: dict[str, Any] = {"g": g, "queue": queue, "hour": None}
-    for kind in ("wait", "run"):
-        row.update(dist_fields(kind, stat.get((queue, kind)), pct.get((queue, kind))))
-    wait = stat.get((queue, "wait")) or {}
-    for i in range(len(WAIT_EDGES_US)):
-        row[f"wait_h{i}"] = int(wait.get(f"h{i}") or 0)
-    return row
-
-
-def message_count(msg_rows: Iterable[Mapping[str, Any]]) -> int:
-    """How many messages the summary counts: every one is finished, deleted or unfinished."""
-    for r in msg_rows:
-        if r["g"] == summary.G_ALL:
-            return sum(int(r[s] or 0) for s in (*STATES, "unfinished"))
-    return 0
+def small_parts(f: Facts, values: DataFrame, values_b: DataFrame) -> dict[str, DataFrame]:
+    """The small tables of a set of facts (totals.Totals' fields but `slow`)."""
+    return {"queue_hour": f.queue_hour, "queues": f.queues, "stats": value_stats(values_b),
+            "coarse": coarse(values_b), "errors": f.errors,
+            "hour_pct": hour_percentiles(values)}

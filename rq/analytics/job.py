@@ -113,14 +113,15 @@ def run(spark: Any, opts: Options, *, now: float | None = None) -> tuple[str, di
 
 @dataclass
 class Part:
-    """What a path gives a run: the message table to write, and either the summary's tables
-    and the slowest messages (a run on carried facts) or None (computed from the table)."""
+    """What a path gives a run: the message table, and for a run on stored facts its totals,
+    its value rows by bucket and the writer of its messages/ (None: all computed from the
+    table)."""
     messages: Any
     counts: Callable[[], Mapping[str, Any]]
     compaction: dict[str, Any]
     stages: dict[str, float]
-    tables: Any = None
-    slow: Any = None
+    totals: Any = None
+    values_b: Callable[[list[int]], Any] | None = None
     write_messages: Callable[[str], None] | None = None
     cached: list[Any] = field(default_factory=list)
 
@@ -129,7 +130,7 @@ def run_locked(spark: Any, opts: Options, out: str, started: float
                ) -> tuple[str, dict[str, Any]]:
     from pyspark import StorageLevel
 
-    from rq.analytics import facts, load, summary
+    from rq.analytics import facts, load, summary, totals
     from rq.analytics import transform as T
 
     clock = time.monotonic()
@@ -138,28 +139,30 @@ def run_locked(spark: Any, opts: Options, out: str, started: float
             else incremental_messages(spark, opts, out, started, clock))
     stages, compaction = part.stages, part.compaction
     messages = part.messages
-    if part.tables is None:
+    if part.totals is None:
         messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
-        part.cached.append(messages)
         if not opts.full:
             # Materialised on its own so that the stages say what the message table cost.
             compaction["messages"] = messages.count()
-        part.tables = facts.tables(facts.make(messages))
-        part.slow = T.slowest(messages)
+        f = facts.make(messages)
+        values = f.values.persist()
+        values_b = facts.by_queue(values).persist()
+        parts = facts.small_parts(f, values, values_b)
+        parts["slow"] = T.slowest(messages, summary.TOP).drop("rank")
+        part.totals = totals.from_rows(facts.collect(parts))
+        part.values_b = lambda _buckets: values_b
+        part.cached += [messages, values, values_b]
     if not opts.full:
         stages["messages"] = round(time.monotonic() - clock - sum(stages.values()), 3)
-    tables = part.tables
-    msg_rows, span_rows = facts.summary_rows(spark, tables)
+    assert part.values_b is not None
+    pct = facts.group_percentiles(spark, part.totals.coarse, part.values_b)
+    msg_rows, span_rows = totals.summary_rows(part.totals, pct)
     line_counts = part.counts()
     if opts.full:
         stages["read_check_messages"] = round(time.monotonic() - clock - stages["compact"], 3)
     else:
-        compaction["messages"] = facts.message_count(msg_rows)
-    errors = tables.errors.persist()
-    queue_errors = T.rows(T.top_errors(errors))
-    total_errors = T.rows(errors.groupBy("status").sum("n").withColumnRenamed("sum(n)", "n")
-                          .orderBy(T.F.col("n").desc(), "status").limit(summary.TOP))
-    slow_rows = T.rows(part.slow)
+        compaction["messages"] = totals.message_count(part.totals)
+    queue_errors, total_errors, slow_rows = totals.top_lists(part.totals)
     hourly = summary.hourly(msg_rows, span_rows)
     stages["aggregates"] = round(time.monotonic() - clock - sum(stages.values()), 3)
 
@@ -169,14 +172,15 @@ def run_locked(spark: Any, opts: Options, out: str, started: float
         part.write_messages(work + "/messages")
     else:
         messages.select(*T.MESSAGE_COLUMNS).write.parquet(uri + "/messages")
-    errors.coalesce(1).write.parquet(uri + "/errors")
-    # The hourly rows are Python data: hourly.json is written first and read back by the JVM
-    # (createDataFrame of a list would start Python worker processes for them: ~1 CPU-s a run).
+    # The hourly rows and the errors are Python data: written as JSON and read back by the
+    # JVM (createDataFrame of a list would start Python worker processes: ~1 CPU-s a run).
     load.write_json(os.path.join(work, "hourly.json"), hourly)
-    (spark.read.schema(HOURLY_SCHEMA).option("multiLine", "true").option("mode", "FAILFAST")
-     .json(uri + "/hourly.json").coalesce(1).write.parquet(uri + "/hourly"))
-    errors.unpersist()
-    facts.release(tables)
+    json_to_parquet(spark, os.path.join(work, "hourly.json"), HOURLY_SCHEMA, uri + "/hourly")
+    rows_json = os.path.join(work, "errors.rows.json")
+    load.write_json(rows_json, [{"queue": q, "status": s, "n": n}
+                                for (q, s), n in sorted(part.totals.errors.items())])
+    json_to_parquet(spark, rows_json, ERRORS_SCHEMA, uri + "/errors")
+    os.unlink(rows_json)
     for df in part.cached:
         df.unpersist()
     stages["write"] = round(time.monotonic() - clock - sum(stages.values()), 3)
@@ -192,6 +196,12 @@ def run_locked(spark: Any, opts: Options, out: str, started: float
     final = load.publish(out, run_id)
     load.prune(out, time.time())
     return final, result
+
+
+def json_to_parquet(spark: Any, path: str, schema: str, dest: str) -> None:
+    """A JSON array of rows (load.write_json) as one Parquet file."""
+    (spark.read.schema(schema).option("multiLine", "true").option("mode", "FAILFAST")
+     .json("file://" + path).coalesce(1).write.parquet(dest))
 
 
 def full_messages(spark: Any, opts: Options, clock: float) -> Part:
@@ -226,7 +236,7 @@ def incremental_messages(spark: Any, opts: Options, out: str, now: float, clock:
     The caller holds manifest.locked(out)."""
     from pyspark import StorageLevel
 
-    from rq.analytics import compact, extract, state
+    from rq.analytics import compact, extract, state, stored
     from rq.analytics import transform as T
 
     plan, book = compact.prepare(spark, list(opts.inputs), opts.since, opts.until, out, now)
@@ -236,7 +246,8 @@ def incremental_messages(spark: Any, opts: Options, out: str, now: float, clock:
     windowed = opts.since is not None or opts.until is not None
     path = None
     if not windowed:  # the state covers whole trees: only unwindowed runs keep it up to date
-        path, figures.state = state.maintain(spark, out, book, dirs)
+        path, figures.state = state.maintain(
+            spark, out, book, dirs, lambda rows, dest: stored.write_facts(spark, rows, dest))
     elif state.usable(book.get("state"), dirs, plan.trees, opts.since, opts.until):
         path = state.state_path(out, book)
         figures.state = "kept" if path else "none"
@@ -260,9 +271,9 @@ def incremental_messages(spark: Any, opts: Options, out: str, now: float, clock:
     part = Part(None, lambda: lines, compaction, stages)
     compaction["tables"] = "facts" if path and facts_dir else "messages"
     if path and facts_dir:
-        carried = state.run_carried(spark, out, dirs, raw, path, facts_dir, figures)
-        part.messages, part.tables, part.slow = carried.messages, carried.tables, carried.slow
-        part.write_messages = carried.write_messages
+        carried = stored.run_carried(spark, out, dirs, raw, path, facts_dir, figures)
+        part.messages, part.totals = carried.messages, carried.totals
+        part.values_b, part.write_messages = carried.values_b, carried.write_messages
         part.cached.extend(carried.cached)
     else:
         part.messages = state.run_messages(spark, out, dirs, raw, opts.since, opts.until, path,
@@ -289,6 +300,7 @@ def manifest_lines(book: Mapping[str, Any], days: Sequence[tuple[str, str]]) -> 
     return total
 
 
+ERRORS_SCHEMA = "queue string, status string, n long"
 HOURLY_SCHEMA = ("queue string, hour long, done long, err long, relayed long, deleted long, "
                  "error_rate double, run_p50 double, run_p90 double, run_p99 double, "
                  "wait_p50 double, wait_p90 double, wait_p99 double")

@@ -24,7 +24,6 @@ not depend on how the rows are laid out.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import secrets
 import shutil
@@ -35,7 +34,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from rq.analytics import compact, extract, facts, load, manifest
+from rq.analytics import compact, extract, load, manifest
 from rq.analytics import transform as T
 
 # The day of a compacted event: its file sits in `compacted/<key>/<DAY>.<token>/src_queue=Q/`.
@@ -155,10 +154,11 @@ def update(spark: SparkSession, out: str, old: DataFrame, covered: list[str],
     return carried.unionByName(T.message_table(events, day_aggs(), ("_day",)))
 
 
-def maintain(spark: SparkSession, out: str, book: dict[str, Any], dirs: list[str]
-             ) -> tuple[str | None, str]:
+def maintain(spark: SparkSession, out: str, book: dict[str, Any], dirs: list[str],
+             write_facts: Callable[[str, str], None]) -> tuple[str | None, str]:
     """Bring the state up to date with the compacted days `dirs` (relative to `out`, every
-    day of the run's trees), and its facts with it (`write_facts`); the caller holds
+    day of the run's trees), and its facts with it (`write_facts(state dir, dest)`,
+    rq.analytics.stored); the caller holds
     manifest.locked(out).  Returns (state path, what was done: kept, updated or built).
     Written like a compacted day: in a staging directory, fsynced, renamed into place, then
     named in the manifest; the old one removed after."""
@@ -167,7 +167,7 @@ def maintain(spark: SparkSession, out: str, book: dict[str, Any], dirs: list[str
     if path is not None and entry is not None and entry["covers"] == dirs:
         if not facts_path(out, book):  # stored before its facts were, or in another version
             stale = entry.get("facts")
-            entry["facts"] = stage(out, lambda dest: write_facts(spark, path, dest),
+            entry["facts"] = stage(out, lambda dest: write_facts(path, dest),
                                    f"{os.path.basename(path)}.{secrets.token_hex(4)}"
                                    f"{FACTS_SUFFIX}")
             entry["facts_version"] = FACTS_VERSION
@@ -184,7 +184,7 @@ def maintain(spark: SparkSession, out: str, book: dict[str, Any], dirs: list[str
     token = secrets.token_hex(4)
     rel = stage(out, lambda dest: rows.write.parquet("file://" + dest),
                 manifest.STATE_PREFIX + token)
-    rel_facts = stage(out, lambda dest: write_facts(spark, os.path.join(out, rel), dest),
+    rel_facts = stage(out, lambda dest: write_facts(os.path.join(out, rel), dest),
                       manifest.STATE_PREFIX + token + FACTS_SUFFIX)
     book["state"] = {"dir": rel, "covers": dirs, "facts": rel_facts,
                      "facts_version": FACTS_VERSION}
@@ -209,15 +209,12 @@ def stage(out: str, write: Callable[[str], None], name: str) -> str:
     return rel
 
 
-# ---------------------------------------------------------------- the stored facts
+# ---------------------------------------------------------------- the stored facts' entry
 
 FACTS_SUFFIX = ".facts"
-SLOW_KEEP = 100         # per queue: the slowest of a run are found among these (see `slowest`)
-
-
 # The stored facts' layout and the bucket function they were written with (facts.bucket):
-# facts of another version are written again from the state.
-FACTS_VERSION = 2
+# facts of another version are written again from the state (rq.analytics.stored).
+FACTS_VERSION = 3
 
 
 def facts_path(out: str, book: dict[str, Any]) -> str | None:
@@ -226,105 +223,6 @@ def facts_path(out: str, book: dict[str, Any]) -> str | None:
     if not rel or entry.get("facts_version") != FACTS_VERSION:
         return None
     return os.path.join(out, rel) if os.path.isdir(os.path.join(out, rel)) else None
-
-
-def slow_candidates(rows: DataFrame) -> DataFrame:
-    return rows.where(F.col("run_s").isNotNull()).select("queue", "msg_id", "host", "run_s")
-
-
-def write_facts(spark: SparkSession, rows_path: str, dest: str) -> None:
-    """The facts of the state rows at `rows_path` and the tables derived from them
-    (rq.analytics.facts.Tables), as Parquet tables under `dest`, plus each queue's SLOW_KEEP
-    slowest messages.  The value tables are sorted by hour and by bucket, and cut into small
-    row groups, so that a run reads only the hours and buckets it needs."""
-    rows = read_state(spark, rows_path)
-    f = facts.make(rows)
-    values = f.values.persist()
-    values_b = facts.by_queue(values).persist()
-    small = {"queue_hour": f.queue_hour, "queues": f.queues, "errors": f.errors,
-             "coarse": facts.coarse(values_b), "stats": facts.value_stats(values_b),
-             "hour_pct": facts.hour_percentiles(values),
-             "slow_top": T.top_per_queue(slow_candidates(rows), T.slowest_order(), SLOW_KEEP)
-             .drop("rank")}
-    for name, df in small.items():
-        df.coalesce(1).write.parquet(f"file://{dest}/{name}")
-    # Files by hash (no sampling job, as a range partitioning would cost), each sorted: the
-    # row groups' min/max still let a reader skip what it does not need.
-    size = compact.tree_bytes(rows_path)
-    parts = max(1, min(4, size // (32 << 20)))
-    sorted_tables = {"values_h": values.where(F.col("hour").isNotNull())
-                     .repartition(parts, "hour").sortWithinPartitions("hour", "queue", "kind"),
-                     "values_b": values_b.repartition(parts, "b")
-                     .sortWithinPartitions("b", "kind", "queue", "v")}
-    for name, df in sorted_tables.items():
-        df.write.option("parquet.block.size", ROW_GROUP).parquet(f"file://{dest}/{name}")
-    values.unpersist()
-    values_b.unpersist()
-    # The messages/ table of a run, in `files` files by the hash of the key (file k holds the
-    # keys with message_file(key, files) = k): a run links the files it does not change.
-    write_messages(rows, dest, max(4, min(MESSAGE_FILES, size // (4 << 20))))
-
-
-def write_messages(rows: DataFrame, dest: str, files: int) -> None:
-    """`dest/messages`: the messages/ columns of `rows` in `files` files by the hash of the
-    key, and `dest/layout.json` saying how many (link_messages)."""
-    (rows.select(*T.MESSAGE_COLUMNS).repartition(files, *T.KEY)
-     .write.parquet(f"file://{dest}/messages"))
-    load.write_json(os.path.join(dest, LAYOUT), {"message_files": files})
-
-
-ROW_GROUP = str(2 << 20)
-MESSAGE_FILES = 64      # at most; one per 4 MiB of state, at least 4
-LAYOUT = "layout.json"
-
-
-def message_file(files: int) -> Column:
-    """The stored messages file of a key: Spark's hash partitioning of `repartition(files,
-    *KEY)` (pmod of the seed-42 Murmur3 hash, SQL's `hash`), so a part file's number says
-    which keys it holds."""
-    return F.expr(f"pmod(hash({', '.join(T.KEY)}), {files})")
-
-
-def part_number(name: str) -> int | None:
-    """`part-00007-….parquet` → 7 (the task's partition); None for other names."""
-    if name.startswith("part-") and name.endswith(".parquet") and name[5:10].isdigit():
-        return int(name[5:10])
-    return None
-
-
-def link_messages(spark: SparkSession, stored: str, dest: str, old: DataFrame | None,
-                  raw_keys: DataFrame | None, recomputed: DataFrame | None) -> None:
-    """A run's messages/ at `dest`: hard links to the stored files (`stored`, write_facts)
-    that hold no recomputed message, and one file of new rows: the recomputed messages and
-    the other rows of the files that held their old rows."""
-    files: dict[int, list[str]] = {}
-    for name in os.listdir(stored):
-        k = part_number(name)
-        if k is not None:
-            files.setdefault(k, []).append(os.path.join(stored, name))
-    hit: set[int] = set()
-    if old is not None:
-        with open(os.path.join(os.path.dirname(stored), LAYOUT), encoding="utf-8") as f:
-            count = int(json.load(f)["message_files"])
-        hit = {int(r["f"]) for r in old.select(message_file(count).alias("f")).distinct()
-               .collect()}
-    parts = [] if recomputed is None else [recomputed.select(*T.MESSAGE_COLUMNS)]
-    rewritten = [p for k in sorted(hit) for p in files.get(k, [])]
-    if rewritten and raw_keys is not None:
-        parts.append(join_keys(spark.read.parquet(*["file://" + p for p in rewritten]),
-                               raw_keys, "left_anti"))
-    if parts:
-        union_all(parts).coalesce(1).write.parquet("file://" + dest)
-    else:
-        os.makedirs(dest)
-    for k, paths in files.items():
-        if k not in hit:
-            for p in paths:
-                os.link(p, os.path.join(dest, "stored-" + os.path.basename(p)))
-
-
-def read_facts(spark: SparkSession, path: str, name: str) -> DataFrame:
-    return spark.read.parquet(f"file://{path}/{name}")
 
 
 def usable(entry: dict[str, Any] | None, dirs: list[str], trees: list[str],
@@ -450,75 +348,8 @@ def run_messages(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame 
     return carried.unionByName(recomputed)
 
 
-@dataclass
-class Carried:
-    """A run on the state and its stored facts: the message table, the summary's tables, the
-    slowest messages, the writer of its messages/ (link_messages), what to release after."""
-    messages: DataFrame
-    tables: facts.Tables
-    slow: DataFrame
-    write_messages: Callable[[str], None] | None
-    cached: list[DataFrame]
-
-
 def union_all(parts: list[DataFrame]) -> DataFrame:
     out = parts[0]
     for part in parts[1:]:
         out = out.unionByName(part)
     return out
-
-
-def run_carried(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame | None,
-                path: str, facts_dir: str, figures: Figures) -> Carried:
-    """An unwindowed run on the state at `path` and its facts at `facts_dir` (write_facts).
-    The messages with raw events are recomputed from all their events (as run_messages
-    does); the summary's tables are the stored facts plus the recomputed messages' facts minus
-    their stored rows' (rq.analytics.facts.carried), so nothing else of the history is read
-    but the hours and value buckets the change touches."""
-    figures.path = "state"
-    rows = read_state(spark, path)
-
-    def stored(name: str) -> DataFrame:
-        return read_facts(spark, facts_dir, name)
-
-    stored_messages = os.path.join(facts_dir, "messages")
-    linked = os.path.isdir(stored_messages)
-    if raw is None:
-        return Carried(rows.select(*MESSAGE_FIELDS), facts.stored_tables(stored),
-                       T.slowest(stored("slow_top")),
-                       (lambda dest: link_messages(spark, stored_messages, dest, None, None,
-                                                   None)) if linked else None, [])
-    raw_events = T.window_events(raw, None, None)
-    raw_keys = keys(raw_events)
-    old = join_keys(rows, raw_keys, "left_semi").persist()
-    parts = [raw_events]
-    old_dirs = affected_dirs(old, dirs)
-    if old_dirs:
-        parts.append(counted(join_keys(read_events(spark, out, old_dirs, None, None), raw_keys,
-                                       "left_semi"), "compacted_events_read", figures))
-    recomputed = counted(T.message_table(union_all(parts)), "messages_recomputed",
-                         figures).persist()
-    delta = facts.merge(facts.make(recomputed, 1), facts.make(old, -1))
-    tables = facts.carried(spark, stored, delta)
-    messages = join_keys(rows, raw_keys, "left_anti").select(*MESSAGE_FIELDS).unionByName(
-        recomputed.select(*MESSAGE_FIELDS))
-    return Carried(messages, tables, slowest(rows, stored("slow_top"), raw_keys, recomputed),
-                   (lambda dest: link_messages(spark, stored_messages, dest, old, raw_keys,
-                                               recomputed)) if linked else None,
-                   [old, recomputed])
-
-
-def slowest(rows: DataFrame, slow_top: DataFrame, raw_keys: DataFrame,
-            recomputed: DataFrame, n: int = 10) -> DataFrame:
-    """transform.slowest of the run's message table from the stored SLOW_KEEP slowest of each
-    queue: those not recomputed, and the recomputed messages.  Exact unless recomputation took
-    away more than SLOW_KEEP - n of a queue's stored list and the queue had more messages than
-    it holds; such queues are ranked from all their rows instead."""
-    kept = join_keys(slow_top, raw_keys, "left_anti")
-    have = {r["queue"]: r["count"] for r in slow_top.groupBy("queue").count().collect()}
-    left = {r["queue"]: r["count"] for r in kept.groupBy("queue").count().collect()}
-    short = sorted(q for q, k in have.items() if k >= SLOW_KEEP and left.get(q, 0) < n)
-    if short:
-        whole = join_keys(rows.where(F.col("queue").isin(short)), raw_keys, "left_anti")
-        kept = kept.where(~F.col("queue").isin(short)).unionByName(slow_candidates(whole))
-    return T.slowest(kept.unionByName(slow_candidates(recomputed)), n)
