@@ -113,8 +113,8 @@ def run(spark: Any, opts: Options, *, now: float | None = None) -> tuple[str, di
 
 @dataclass
 class Part:
-    """What a path gives a run: the message table, and for a run on stored facts its totals,
-    its value rows by bucket and the writer of its messages/ (None: all computed from the
+    """What a path gives a run: its message table, or for a run on stored facts its totals,
+    its value rows by bucket and the writer of its messages/ (None: computed from the
     table)."""
     messages: Any
     counts: Callable[[], Mapping[str, Any]]
@@ -141,9 +141,6 @@ def run_locked(spark: Any, opts: Options, out: str, started: float
     messages = part.messages
     if part.totals is None:
         messages = messages.persist(StorageLevel.MEMORY_AND_DISK)
-        if not opts.full:
-            # Materialised on its own so that the stages say what the message table cost.
-            compaction["messages"] = messages.count()
         f = facts.make(messages)
         values = f.values.persist()
         values_b = facts.by_queue(values).persist()
@@ -272,7 +269,7 @@ def incremental_messages(spark: Any, opts: Options, out: str, now: float, clock:
     compaction["tables"] = "facts" if path and facts_dir else "messages"
     if path and facts_dir:
         carried = stored.run_carried(spark, out, dirs, raw, path, facts_dir, figures)
-        part.messages, part.totals = carried.messages, carried.totals
+        part.totals = carried.totals
         part.values_b, part.write_messages = carried.values_b, carried.write_messages
         part.cached.extend(carried.cached)
     else:

@@ -133,9 +133,8 @@ def read_totals(facts_dir: str) -> totals.Totals:
 
 @dataclass
 class Carried:
-    """A run on the stored facts: its message table (written by `write_messages`), its
-    totals, the value rows of given buckets (facts.group_percentiles), what to release."""
-    messages: DataFrame
+    """A run on the stored facts: its totals, the value rows of given buckets
+    (facts.group_percentiles), the writer of its messages/ table, what to release."""
     totals: totals.Totals
     values_b: Callable[[list[int]], DataFrame]
     write_messages: Callable[[str], None]
@@ -154,7 +153,7 @@ def run_carried(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame |
         return read_table(spark, facts_dir, "values_b").where(facts.in_list("b", buckets))
 
     if raw is None:
-        return Carried(rows.select(*state.MESSAGE_FIELDS), stored, stored_values,
+        return Carried(stored, stored_values,
                        lambda dest: link_messages(spark, stored_messages, dest, None, None,
                                                   None))
     raw_events = T.window_events(raw, None, None)
@@ -186,9 +185,7 @@ def run_carried(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame |
         return facts.add(stored_values(buckets), d_b.where(facts.in_list("b", buckets)),
                          ["queue", "kind", "b", "v"], ("n",))
 
-    messages = state.join_keys(rows, raw_keys, "left_anti").select(
-        *state.MESSAGE_FIELDS).unionByName(recomputed.select(*state.MESSAGE_FIELDS))
-    return Carried(messages, merged, values_b,
+    return Carried(merged, values_b,
                    lambda dest: link_messages(spark, stored_messages, dest, old, raw_keys,
                                               recomputed), [old, recomputed, d_values, d_b])
 

@@ -11,7 +11,7 @@ cluster's executors need nothing of ours.  The stages:
 2. `window_events` — valid events with `since <= ts < until`.
 3. `message_table` — one row per message (host, queue, msg_id): its events sorted by `ts` (so order
    across files and hosts does not matter), wait and run spans, retries, final state.
-4. `slowest`, `top_errors` for the top lists; the counts and percentiles come from the
+4. `slowest` for the slowest messages; the counts and percentiles come from the
    message table's additive facts (rq.analytics.facts).  rq.analytics.summary turns the
    collected rows into the JSON of docs/analytics.md.
 
@@ -236,10 +236,6 @@ def slowest(messages: DataFrame, n: int = 10) -> DataFrame:
     """Per queue, the `n` messages with the longest total run time."""
     return top_per_queue(messages.where(F.col("run_s").isNotNull())
                          .select("queue", "msg_id", "host", "run_s"), slowest_order(), n)
-
-
-def top_errors(errors: DataFrame, n: int = 10) -> DataFrame:
-    return top_per_queue(errors, [F.col("n").desc(), F.col("status")], n)
 
 
 def rows(df: DataFrame) -> list[dict[str, Any]]:
