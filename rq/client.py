@@ -110,8 +110,10 @@ class Subscription:
         payload, self._buf = self._buf[protocol.HEADER_LEN:end], self._buf[end:]
         return payload
 
-    def next(self, timeout: float | None = None) -> Any:
-        """The next payload; None on timeout; ConnectError when the stream ends."""
+    def next(self, timeout: float | None = None, wake: int | None = None) -> Any:
+        """The next payload; None on timeout, or when the pipe `wake` became readable (a
+        signal.set_wakeup_fd pipe: a signal that came just before the wait would otherwise
+        leave it blocked); ConnectError when the stream ends."""
         self.sock.settimeout(timeout)
         while True:
             try:
@@ -123,6 +125,17 @@ class Subscription:
                     return protocol.loads(payload)
                 except ValueError as exc:
                     raise ConnectError("bad frame from rq-mgr") from exc
+            if wake is not None:
+                import select
+                ready = select.select([self.sock.fileno(), wake], [], [], timeout)[0]
+                if wake in ready:
+                    try:
+                        os.read(wake, 512)
+                    except BlockingIOError:
+                        pass
+                    return None
+                if not ready:
+                    return None
             try:
                 data = self.sock.recv(1 << 16)
             except TimeoutError:

@@ -476,3 +476,23 @@ def test_s2_5_manager_stops_fast_with_a_stalled_subscriber(tmp_path: Path) -> No
         while True:
             stalled.next(5)
     stalled.close()
+
+
+def test_subscription_wait_ends_when_its_wake_pipe_is_written(mgr_root: Path) -> None:
+    """`rq watch` waits on its events and on a signal wakeup pipe (signal.set_wakeup_fd): a
+    SIGINT that lands between the interpreter's last check for signals and the wait must wake
+    it (a run of the suite saw `rq watch` blocked in recv after its SIGINT was handled).  Here
+    the pipe is written by hand: next() returns None at once, where it would otherwise wait the
+    whole timeout for an event that never comes."""
+    sub = client.subscribe(str(mgr_root), ["nothing.comes"])
+    r, w = os.pipe()
+    try:
+        os.write(w, b"\x02")
+        started = time.monotonic()
+        assert sub.next(timeout=30, wake=r) is None
+        assert time.monotonic() - started < 5
+        assert sub.next(timeout=0.2, wake=r) is None     # drained: now a plain timeout
+    finally:
+        sub.close()
+        os.close(r)
+        os.close(w)

@@ -3,6 +3,8 @@ event stream (S8.8: watch)."""
 
 from __future__ import annotations
 
+import os
+
 from rq import client, protocol
 from rq.cli.base import (
     CliError,
@@ -143,13 +145,29 @@ def watch(inv: Invocation) -> int:
 
 
 def follow(inv: Invocation, sub: client.Subscription) -> None:
-    """Print events until the stream ends; a cursor's are acknowledged after
-    the output was flushed, once per burst (the last one of what is here)."""
+    """Print events until the stream ends or SIGINT; a cursor's are acknowledged
+    after the output was flushed, once per burst (the last one of what is here).
+    The wait also watches a signal wakeup pipe: a SIGINT that lands between the
+    interpreter's last check and the wait wakes it instead of being lost."""
+    import signal
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    try:
+        print_events(inv, sub, r)
+    finally:
+        signal.set_wakeup_fd(old)
+        os.close(r)
+        os.close(w)
+
+
+def print_events(inv: Invocation, sub: client.Subscription, wake: int) -> None:
     as_json = "json" in inv.flags
     unacked = None
     while True:
         try:
-            event = sub.next()
+            event = sub.next(wake=wake)
         except ConnectError:
             raise CliError("lost the connection to rq-mgr") from None
         if isinstance(event, list) and event[:1] == ["fail"]:
