@@ -140,7 +140,12 @@ def test_s12_1_lossy_proxy_200_messages_no_loss_no_dup(tmp_path: Path) -> None:
             return all(s in ("relayed", "err") for s in states.values())
         wait_for(all_final, 800, interval=0.5, what="all 200 messages relayed")
         states = {full: p.state(full) for full in sent}
-        assert set(states.values()) == {"relayed"}, states
+        # A message that did not make it is named with its status and count (the reason a
+        # run once saw 1 of 200 end in err, under load, cannot be read from states alone).
+        failed = {full: {k: v for k, v in p.relay("get_message", {"msg_id": full})[1].items()
+                         if k in ("status", "count", "max_count")}
+                  for full, state in states.items() if state != "relayed"}
+        assert not failed, failed
         copies = [m for m in remote_messages(p.remote_root) if m.get("orig_msg_id") in sent]
         origs = [m["orig_msg_id"] for m in copies]
         assert len(origs) == len(set(origs)) == 200            # 0 lost, 0 duplicates
