@@ -156,7 +156,4 @@ def read_lines(spark: SparkSession, files: list[EventFile], with_file: bool = Fa
         schema = StructType([*LINES_SCHEMA.fields, StructField("file", StringType())]) \
             if with_file else LINES_SCHEMA
         return spark.createDataFrame([], schema)
-    out = parts[0]
-    for part in parts[1:]:
-        out = out.unionByName(part)
-    return out
+    return transform.union_all(parts)

@@ -148,20 +148,16 @@ def update(spark: SparkSession, out: str, old: DataFrame, covered: list[str],
         carried = join_keys(carried, new_keys, "left_anti")
     if not parts:
         return carried
-    events = parts[0]
-    for part in parts[1:]:
-        events = events.unionByName(part)
-    return carried.unionByName(T.message_table(events, day_aggs(), ("_day",)))
+    return carried.unionByName(T.message_table(T.union_all(parts), day_aggs(), ("_day",)))
 
 
 def maintain(spark: SparkSession, out: str, book: dict[str, Any], dirs: list[str],
              write_facts: Callable[[str, str], None]) -> tuple[str | None, str]:
     """Bring the state up to date with the compacted days `dirs` (relative to `out`, every
     day of the run's trees), and its facts with it (`write_facts(state dir, dest)`,
-    rq.analytics.stored); the caller holds
-    manifest.locked(out).  Returns (state path, what was done: kept, updated or built).
-    Written like a compacted day: in a staging directory, fsynced, renamed into place, then
-    named in the manifest; the old one removed after."""
+    rq.analytics.stored); the caller holds manifest.locked(out).  Returns (state path, what
+    was done: kept, updated or built).  Written like a compacted day: in a staging directory,
+    fsynced, renamed into place, then named in the manifest; the old one removed after."""
     entry = book.get("state")
     path = state_path(out, book)
     if path is not None and entry is not None and entry["covers"] == dirs:
@@ -315,10 +311,7 @@ def run_messages(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame 
         if not parts:
             return T.message_table(T.window_events(
                 T.check_lines(extract.read_lines(spark, [])), since, until))
-        events = parts[0]
-        for part in parts[1:]:
-            events = events.unionByName(part)
-        return counted(T.message_table(events), "messages_recomputed", figures)
+        return counted(T.message_table(T.union_all(parts)), "messages_recomputed", figures)
     figures.path = "state"
     rows = read_state(spark, state)
     carried, straddling = window_rows(rows, since, until)
@@ -341,15 +334,5 @@ def run_messages(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame 
         parts.append(raw_events)
     if not parts:
         return carried
-    events = parts[0]
-    for part in parts[1:]:
-        events = events.unionByName(part)
-    recomputed = counted(T.message_table(events), "messages_recomputed", figures)
+    recomputed = counted(T.message_table(T.union_all(parts)), "messages_recomputed", figures)
     return carried.unionByName(recomputed)
-
-
-def union_all(parts: list[DataFrame]) -> DataFrame:
-    out = parts[0]
-    for part in parts[1:]:
-        out = out.unionByName(part)
-    return out

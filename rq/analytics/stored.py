@@ -113,7 +113,7 @@ def link_messages(spark: SparkSession, stored: str, dest: str, old: DataFrame | 
         parts.append(state.join_keys(spark.read.parquet(*["file://" + p for p in rewritten]),
                                      raw_keys, "left_anti"))
     if parts:
-        state.union_all(parts).coalesce(1).write.parquet("file://" + dest)
+        T.union_all(parts).coalesce(1).write.parquet("file://" + dest)
     else:
         os.makedirs(dest)
     for k, paths in files.items():
@@ -165,7 +165,7 @@ def run_carried(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame |
         parts.append(state.counted(state.join_keys(
             state.read_events(spark, out, old_dirs, None, None), raw_keys, "left_semi"),
             "compacted_events_read", figures))
-    recomputed = state.counted(T.message_table(state.union_all(parts)), "messages_recomputed",
+    recomputed = state.counted(T.message_table(T.union_all(parts)), "messages_recomputed",
                                figures).persist()
     delta = facts.merge(facts.make(recomputed, 1), facts.make(old, -1))
     d_values = delta.values.where(F.col("n") != 0).persist()

@@ -238,6 +238,14 @@ def slowest(messages: DataFrame, n: int = 10) -> DataFrame:
                          .select("queue", "msg_id", "host", "run_s"), slowest_order(), n)
 
 
+def union_all(parts: list[DataFrame]) -> DataFrame:
+    """The rows of every DataFrame of `parts` (at least one), by column name."""
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.unionByName(part)
+    return out
+
+
 def rows(df: DataFrame) -> list[dict[str, Any]]:
     """Collect `df` to plain dicts (small aggregates only)."""
     return [r.asDict(recursive=True) for r in df.collect()]
