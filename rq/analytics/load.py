@@ -56,10 +56,13 @@ def fsync_path(path: str) -> None:
 
 
 def write_json(path: str, obj: Any) -> None:
-    """Compact JSON, written to a temp name, fsynced, renamed into place."""
+    """Compact JSON, written to a temp name, fsynced, renamed into place.  Encoded in one
+    piece: json.dump streams through the pure-Python encoder (~6x slower on the hourly rows
+    and the stored totals, megabytes each), json.dumps uses the C one."""
     tmp = path + ".tmp"
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        f.write(text)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
