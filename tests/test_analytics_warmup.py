@@ -141,6 +141,46 @@ def test_input_bytes_counts_raw_files_and_fresh_compacted_days_as_their_parquet(
     assert compact.input_bytes([str(root)], None, None, str(out), False) is None
 
 
+def test_input_bytes_of_a_run_on_stored_facts_counts_raw_files_and_a_share_of_the_state(
+        tmp_path: Path) -> None:
+    """A run on stored facts (unwindowed, facts of this version, no finished day left to
+    compact) reads its raw files and scans the state once: raw bytes plus the state's over
+    STATE_SCAN_SHARE.  A day due for compaction (the state is then updated), a window or facts
+    of another version: the full count (compacted days and state at PARQUET_WEIGHT)."""
+    root = tmp_path / "root"
+    events = root / "log" / "events"
+    write_day(events, "20260101", {"a": 1000})
+    write_day(events, "20260102", {"a": 30, "b": 70})
+    out = tmp_path / "out"
+    book = manifest.load_manifest(str(out))
+    rel = "compacted/key/20260101.tok"
+    (out / rel).mkdir(parents=True)
+    (out / rel / "p0").write_bytes(b"p" * 40)
+    files = {p.name: manifest.source_record(str(p), p.stat().st_size)
+             for p in (events / "20260101").glob("*.jsonl")}
+    manifest.set_day_entry(book, str(events), "20260101", {"dir": rel, "files": files})
+    (out / "compacted" / "state.tok").mkdir()
+    (out / "compacted" / "state.tok" / "s").write_bytes(b"s" * 800)
+    (out / "compacted" / "state.tok.facts").mkdir()
+    book["state"] = {"dir": "compacted/state.tok", "covers": [],
+                     "facts": "compacted/state.tok.facts",
+                     "facts_version": manifest.FACTS_VERSION}
+    Path(manifest.manifest_path(str(out))).write_text(json.dumps(book))
+    day2 = 1767225600 + DAY
+    during, after = day2 + 3600, day2 + 2 * DAY
+
+    def size(since: float | None, now: float) -> int | None:
+        return compact.input_bytes([str(root)], since, None, str(out), False, now)
+
+    assert size(None, during) == 100 + 800 // compact.STATE_SCAN_SHARE
+    assert size(None, after) == 3 * (40 + 800) + 100           # day 2 due: the state updated
+    assert size(day2, during) == 3 * 800 + 100                 # a window: day 1 not read
+    assert compact.input_bytes([str(root)], None, None, str(out), True, during) == 1100
+    book["state"]["facts_version"] = manifest.FACTS_VERSION - 1
+    Path(manifest.manifest_path(str(out))).write_text(json.dumps(book))
+    assert size(None, during) == 3 * (40 + 800) + 100
+
+
 def driver_cmdline(proc: subprocess.Popen[str]) -> list[str]:
     """The command line of the driver JVM among `proc`'s descendants, once it runs (pyspark
     starts bin/spark-class, which runs a launcher JVM and then execs the driver JVM)."""

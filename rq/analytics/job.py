@@ -233,7 +233,7 @@ def incremental_messages(spark: Any, opts: Options, out: str, now: float, clock:
     The caller holds manifest.locked(out)."""
     from pyspark import StorageLevel
 
-    from rq.analytics import compact, extract, state, stored
+    from rq.analytics import compact, extract, manifest, state, stored
     from rq.analytics import transform as T
 
     plan, book = compact.prepare(spark, list(opts.inputs), opts.since, opts.until, out, now)
@@ -264,14 +264,13 @@ def incremental_messages(spark: Any, opts: Options, out: str, now: float, clock:
                                   "days_read": len(dirs),
                                   "days_compacted_now": len(plan.to_compact),
                                   "raw_files": len(plan.raw)}
-    facts_dir = state.facts_path(out, book) if path and not windowed else None
+    facts_dir = manifest.facts_path(out, book) if path and not windowed else None
     part = Part(None, lambda: lines, compaction, stages)
     compaction["tables"] = "facts" if path and facts_dir else "messages"
     if path and facts_dir:
         carried = stored.run_carried(spark, out, dirs, raw, path, facts_dir, figures)
         part.totals = carried.totals
         part.values_b, part.write_messages = carried.values_b, carried.write_messages
-        part.cached.extend(carried.cached)
     else:
         part.messages = state.run_messages(spark, out, dirs, raw, opts.since, opts.until, path,
                                            figures)
@@ -349,7 +348,7 @@ def execute(root: str | None, flags: Mapping[str, Any], progress_to: TextIO | No
         from rq.analytics import compact
         size = compact.input_bytes(list(opts.inputs), opts.since, opts.until,
                                    os.path.abspath(opts.output.removeprefix("file://")),
-                                   opts.full)
+                                   opts.full, time.time())
     with session.spark_session(opts.master, opts.conf, log_path=log_path,
                                input_bytes=size) as spark:
         try:

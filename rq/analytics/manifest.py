@@ -32,6 +32,10 @@ VERSION = 1
 CHUNK = 1 << 20
 REASONS = ("torn", "layout", "crc", "json")   # S13.4, as rq.analytics.transform.REASONS
 STATE_PREFIX = "state."                      # OUT/compacted/state.<token>/
+FACTS_SUFFIX = ".facts"                      # OUT/compacted/state.<token>.facts/
+# The stored facts' layout and the bucket function they were written with (facts.bucket):
+# facts of another version are written again from the state (rq.analytics.stored).
+FACTS_VERSION = 3
 
 
 def zero_lines() -> dict[str, int]:
@@ -151,3 +155,12 @@ def locked(out: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def facts_path(out: str, book: dict[str, Any]) -> str | None:
+    """The state's stored facts (rq.analytics.stored), when they exist in this version."""
+    entry = book.get("state") or {}
+    rel = entry.get("facts")
+    if not rel or entry.get("facts_version") != FACTS_VERSION:
+        return None
+    return os.path.join(out, rel) if os.path.isdir(os.path.join(out, rel)) else None

@@ -99,7 +99,12 @@ def days_between(ranges: Iterable[tuple[str, str]]) -> set[str]:
 
 def affected_dirs(hit: DataFrame, dirs: list[str]) -> list[str]:
     """The directories of `dirs` holding events of the state rows `hit` (one small action)."""
-    ranges = [(r["_d0"], r["_d1"]) for r in hit.select(*DAYS).distinct().collect()]
+    return dirs_within([(r["_d0"], r["_d1"]) for r in hit.select(*DAYS).distinct().collect()],
+                       dirs)
+
+
+def dirs_within(ranges: Iterable[tuple[str, str]], dirs: list[str]) -> list[str]:
+    """The directories of `dirs` whose day is within one of the (first, last) day ranges."""
     wanted = days_between(ranges)
     return [d for d in dirs if day_of(d) in wanted]
 
@@ -161,12 +166,13 @@ def maintain(spark: SparkSession, out: str, book: dict[str, Any], dirs: list[str
     entry = book.get("state")
     path = state_path(out, book)
     if path is not None and entry is not None and entry["covers"] == dirs:
-        if not facts_path(out, book):  # stored before its facts were, or in another version
+        # No facts: stored before its facts were, or in another version.
+        if not manifest.facts_path(out, book):
             stale = entry.get("facts")
             entry["facts"] = stage(out, lambda dest: write_facts(path, dest),
                                    f"{os.path.basename(path)}.{secrets.token_hex(4)}"
-                                   f"{FACTS_SUFFIX}")
-            entry["facts_version"] = FACTS_VERSION
+                                   f"{manifest.FACTS_SUFFIX}")
+            entry["facts_version"] = manifest.FACTS_VERSION
             load.write_json(manifest.manifest_path(out), book)
             if stale:
                 shutil.rmtree(os.path.join(out, stale), ignore_errors=True)
@@ -181,9 +187,9 @@ def maintain(spark: SparkSession, out: str, book: dict[str, Any], dirs: list[str
     rel = stage(out, lambda dest: rows.write.parquet("file://" + dest),
                 manifest.STATE_PREFIX + token)
     rel_facts = stage(out, lambda dest: write_facts(os.path.join(out, rel), dest),
-                      manifest.STATE_PREFIX + token + FACTS_SUFFIX)
+                      manifest.STATE_PREFIX + token + manifest.FACTS_SUFFIX)
     book["state"] = {"dir": rel, "covers": dirs, "facts": rel_facts,
-                     "facts_version": FACTS_VERSION}
+                     "facts_version": manifest.FACTS_VERSION}
     load.write_json(manifest.manifest_path(out), book)
     if entry is not None:
         for old in (entry["dir"], entry.get("facts")):
@@ -203,22 +209,6 @@ def stage(out: str, write: Callable[[str], None], name: str) -> str:
     os.rename(staging, os.path.join(out, rel))
     load.fsync_path(top)
     return rel
-
-
-# ---------------------------------------------------------------- the stored facts' entry
-
-FACTS_SUFFIX = ".facts"
-# The stored facts' layout and the bucket function they were written with (facts.bucket):
-# facts of another version are written again from the state (rq.analytics.stored).
-FACTS_VERSION = 3
-
-
-def facts_path(out: str, book: dict[str, Any]) -> str | None:
-    entry = book.get("state") or {}
-    rel = entry.get("facts")
-    if not rel or entry.get("facts_version") != FACTS_VERSION:
-        return None
-    return os.path.join(out, rel) if os.path.isdir(os.path.join(out, rel)) else None
 
 
 def usable(entry: dict[str, Any] | None, dirs: list[str], trees: list[str],
