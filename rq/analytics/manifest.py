@@ -132,18 +132,6 @@ def day_fresh(entry: Mapping[str, Any] | None, day_dir: str, out: str) -> bool:
     return True
 
 
-def durable_days(out: str, events_dir: str) -> set[str] | None:
-    """Days of `events_dir` whose compacted partition exists (None: nothing was ever compacted
-    under `out`, so retention is not held back by analytics)."""
-    if not os.path.exists(manifest_path(out)):
-        return None
-    tree = load_manifest(out)["trees"].get(events_key(events_dir))
-    if not tree:
-        return set()
-    return {day for day, entry in tree["days"].items()
-            if os.path.isdir(os.path.join(out, entry["dir"]))}
-
-
 @contextlib.contextmanager
 def locked(out: str) -> Iterator[None]:
     """One compacting run at a time per output (an flock: it dies with its process)."""
