@@ -324,7 +324,12 @@ def remote_copies(remote: Path) -> dict[str, list[str]]:
     """orig_msg_id -> the committed remote messages (S12.1 puts the local id there)."""
     out: dict[str, list[str]] = {}
     for state in ("que", "run", "done", "relayed", "err"):
-        for path in (remote / "queue" / "test" / state).glob("**/msg"):
+        # os.walk, not Path.glob("**/msg"): the remote daemon moves messages meanwhile, and
+        # glob raises when a directory it is about to scan has gone (os.walk skips it; the
+        # caller polls again).
+        paths = [Path(top) / "msg" for top, _, names in
+                 os.walk(remote / "queue" / "test" / state) if "msg" in names]
+        for path in paths:
             try:
                 msg = json.loads(path.read_bytes())
             except (OSError, ValueError):
