@@ -187,9 +187,14 @@ def spark_run(inputs: list[Path], out: Path, master: str, *, full: bool = False,
         total = time.monotonic() - t
         up, _, result, hwm = json.loads(done.stdout.strip().splitlines()[-1])
         return up, total, result, hwm
-    from rq.analytics import job, session
+    from rq.analytics import compact, job, session
     t = time.monotonic()
-    with session.spark_session(master, {}, log_path=str(out.parent / "spark.log")) as spark:
+    # the JVM's options from what the run will read, as `rq analytics` picks them (job.execute)
+    size = (compact.input_bytes([str(i) for i in inputs], None, None, str(out.resolve()), full,
+                                time.time() if now is None else now)
+            if inputs and master.startswith("local") else None)
+    with session.spark_session(master, {}, log_path=str(out.parent / "spark.log"),
+                               input_bytes=size) as spark:
         up = time.monotonic() - t
         result: dict[str, Any] = {}
         if inputs:
