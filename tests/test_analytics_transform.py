@@ -437,6 +437,53 @@ def test_percentiles_are_exact_nearest_rank_beyond_ten_thousand_values(spark: An
 
 
 @needs_spark
+def test_percentiles_count_a_value_by_the_sum_of_its_rows_some_negative(spark: Any) -> None:
+    """A run on stored facts ranks the stored value rows beside its change without adding them
+    up first (rq.analytics.stored run_carried, facts.group_percentiles): a value may come in
+    several rows, some with n < 0, and counts by their sum; one whose rows cancel is no value.
+    Per queue and over everything, against a hand computation of the net multiset.  Each
+    percentile's rank has a cancelled value just below its answer, its +1 row before its -1
+    row: a ranking by rows instead of by values would answer it."""
+    from collections import Counter
+
+    from pyspark.sql import functions as F
+
+    from rq.analytics import facts
+
+    base = {"a": [4 * ((i * 7919) % 6_007) for i in range(3_000)],        # multiples of 4
+            "b": [4 * ((i * 104_729) % 5_003) + 2 for i in range(3_000)]}  # 2 more: disjoint
+    removed = {q: vals[::7] for q, vals in base.items()}   # n = -1 rows
+    added = {q: vals[::5] for q, vals in base.items()}     # a second row of the same values
+    net = {q: +(Counter(base[q]) - Counter(removed[q]) + Counter(added[q])) for q in base}
+
+    def rank_values(values: list[int]) -> list[int]:
+        s = sorted(values)
+        return [s[(len(s) * a + b - 1) // b - 1] for a, b in ((1, 2), (9, 10), (99, 100))]
+
+    groups = {"a": list(net["a"].elements()), "b": list(net["b"].elements())}
+    groups["*"] = groups["a"] + groups["b"]
+    first: list[tuple[str, int, int]] = []  # cancelled values (odd: never a value of the
+    last: list[tuple[str, int, int]] = []   # multisets), just below and just above an answer
+    for g, values in groups.items():
+        q = "a" if g == "*" else g
+        for v in rank_values(values):
+            first += [(q, v - 1, 1), (q, v + 1, -1)]
+            last += [(q, v - 1, -1), (q, v + 1, 1)]
+    rows = (first + [(q, v, n) for q, vals in base.items() for v, n in Counter(vals).items()]
+            + [(q, v, -1) for q, vals in removed.items() for v in vals]
+            + [(q, v, 1) for q, vals in added.items() for v in vals] + last)
+    values_b = (spark.createDataFrame(rows, "queue string, v long, n long")
+                .withColumn("kind", F.lit("run")).withColumn("b", facts.bucket("v")))
+    assert values_b.groupBy("queue", "v").count().where("count > 1").count() > 500
+    got = facts.group_percentiles(spark, {(r["queue"], r["kind"], r["b"]): r["n"]
+                                          for r in facts.coarse(values_b).collect()},
+                                  lambda _buckets: values_b)
+    for g, values in groups.items():
+        assert got[(None if g == "*" else g, "run")] == [
+            v / facts.US for v in py_nearest(values)], g
+
+
+@needs_spark
 def test_bucket_is_monotone(spark: Any) -> None:
     """The coarse bucket (SQL, integer arithmetic) never orders two values against their
     order: around every power of two up to 2**44 us (203 days), both signs, and 0."""

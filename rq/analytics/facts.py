@@ -213,7 +213,10 @@ def group_percentiles(spark: SparkSession, coarse_counts: Mapping[tuple[str, str
                       ) -> dict[tuple[str | None, str], list[float | None]]:
     """Nearest-rank p50, p90, p99 (seconds) per (queue, kind) and (None, kind) (every queue).
     `coarse_counts`: (queue, kind, b) → n (totals.Totals.coarse); `values_b(buckets)`: the
-    (queue, kind, b, v, n) rows, of at least those buckets (a reader can skip the rest)."""
+    (queue, kind, b, v, n) rows, of at least those buckets (a reader can skip the rest).  A
+    value may come in several rows, some with a negative n (a run's change beside the stored
+    rows): each value's count is the sum of its rows, so they are never added up first (a
+    shuffle of every row of the buckets); the ranking's frames take each value's rows whole."""
     counts: dict[tuple[str | None, str], dict[int, int]] = {}
     for (queue, kind, b), n in coarse_counts.items():
         if n:
@@ -237,23 +240,28 @@ def group_percentiles(spark: SparkSession, coarse_counts: Mapping[tuple[str, str
         return out
     buckets = sorted({t[2] for t in targets})
     fine = values_b(buckets).where(in_list("b", buckets))
-    key3 = "concat_ws('|', kind, cast(b as string), queue)"
-    key2 = "concat_ws('|', kind, cast(b as string))"
-    per_queue = fine.where(in_list(key3, sorted({f"{k}|{b}|{q}" for q, k, b, _, _ in targets
-                                                 if q is not None})))
-    everything = (fine.where(in_list(key2, sorted({f"{k}|{b}" for q, k, b, _, _ in targets
-                                                  if q is None})))
-                  .groupBy("kind", "b", "v").agg(F.sum("n").alias("n"))
+    queue_groups = literal_rows(spark, "queue string, kind string, b int",
+                                sorted({(q, k, b) for q, k, b, _, _ in targets if q is not None}))
+    all_groups = literal_rows(spark, "kind string, b int",
+                              sorted({(k, b) for q, k, b, _, _ in targets if q is None}))
+    per_queue = fine.join(F.broadcast(queue_groups), ["queue", "kind", "b"], "left_semi")
+    everything = (fine.join(F.broadcast(all_groups), ["kind", "b"], "left_semi")
+                  .groupBy("kind", "b", "v").agg(F.sum("n").alias("n"))  # 100 queues' rows
                   .withColumn("queue", F.lit(None).cast("string")))
     rows = per_queue.select("queue", "kind", "b", "v", "n").unionByName(
         everything.select("queue", "kind", "b", "v", "n"))
-    upto = (Window.partitionBy("queue", "kind", "b").orderBy("v")
-            .rowsBetween(Window.unboundedPreceding, Window.currentRow))
-    ranked = rows.withColumn("_c", F.sum("n").over(upto))
+    # _c: the count of the values up to v, _p: below v (RANGE frames: all rows of a value)
+    order = Window.partitionBy("queue", "kind", "b").orderBy("v")
+    ranked = rows.select(
+        "queue", "kind", "b", "v",
+        F.sum("n").over(order.rangeBetween(Window.unboundedPreceding, Window.currentRow))
+        .alias("_c"),
+        F.coalesce(F.sum("n").over(order.rangeBetween(Window.unboundedPreceding, -1)),
+                   F.lit(0)).alias("_p"))
     wanted = literal_rows(spark, "_q string, _k string, _b int, _r long, _name string", targets)
     on = (ranked["queue"].eqNullSafe(wanted["_q"]) & (ranked["kind"] == wanted["_k"])
           & (ranked["b"] == wanted["_b"]) & (ranked["_c"] >= wanted["_r"])
-          & (ranked["_c"] - ranked["n"] < wanted["_r"]))
+          & (ranked["_p"] < wanted["_r"]))
     for r in T.rows(ranked.join(F.broadcast(wanted), on).select("_q", "_k", "_name", "v")):
         out[(r["_q"], r["_k"])][PNAMES.index(r["_name"])] = r["v"] / US
     return out

@@ -194,9 +194,10 @@ def run_carried(spark: SparkSession, out: str, dirs: list[str], raw: DataFrame |
     merged.slow = slowest(spark, rows, raw_keys, stored, change,
                           {(r["queue"], r["msg_id"], r["host"]) for r in got["old"]})
 
-    def values_b(buckets: list[int]) -> DataFrame:
-        return facts.add(stored_values(buckets), d_b.where(facts.in_list("b", buckets)),
-                         ["queue", "kind", "b", "v"], ("n",))
+    def values_b(buckets: list[int]) -> DataFrame:  # not added up: group_percentiles
+        columns = ["queue", "kind", "b", "v", "n"]
+        return stored_values(buckets).select(*columns).unionByName(
+            d_b.where(facts.in_list("b", buckets)).select(*columns))
 
     return Carried(merged, values_b,
                    lambda dest: link_messages(spark, stored_messages, dest, hit, raw_keys,
