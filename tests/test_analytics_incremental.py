@@ -566,27 +566,33 @@ def test_messages_files_are_linked_unless_a_recomputed_message_is_in_them(
     """stored.link_messages: the stored messages files holding none of the recomputed messages
     are hard links in the run's messages/, the others' remaining rows and the recomputed ones
     are one new file, and the table read back is the stored one with the recomputed rows
-    replacing their old ones."""
+    replacing their old ones.  The stored files hold whole days (a message's first day,
+    `_d0`): the messages of one day are in one file."""
     from pyspark.sql import functions as F
 
     from rq.analytics import facts, state, stored
 
     def table(ids: list[int], final: str) -> Any:
         cols = {"queue": F.lit("a"), "msg_id": F.concat(F.lit("m"), F.col("id")),
-                "host": F.lit("h"), "final_state": F.lit(final)}
+                "host": F.lit("h"), "final_state": F.lit(final),
+                "_d0": F.concat(F.lit("2026010"), F.col("id") % 5)}
         return spark.range(100).where(facts.in_list("id", ids)).select(*[
             cols.get(c, F.lit(None)).cast(t).alias(c) for c, t in (
                 ("queue", "string"), ("msg_id", "string"), ("host", "string"),
                 ("final_state", "string"), ("wait_s", "double"), ("run_s", "double"),
                 ("total_s", "double"), ("resends", "long"), ("lease_expiries", "long"),
                 ("recoveries", "long"), ("first_ts", "double"), ("final_ts", "double"),
-                ("status", "string"), ("events", "long"))])
+                ("status", "string"), ("events", "long"), ("_d0", "string"))])
 
     facts_dir = tmp_path / "facts"
     stored.write_messages(table(list(range(40)), "done"), str(facts_dir), 8)
     assert json.loads((facts_dir / stored.LAYOUT).read_text()) == {"message_files": 8}
     files = [n for n in os.listdir(facts_dir / "messages") if n.startswith("part-")]
-    recomputed = table([7, 99], "err")           # m7 changes, m99 is new
+    days_of_file = [{int(r["msg_id"][1:]) % 5 for r in
+                     spark.read.parquet(str(facts_dir / "messages" / n)).collect()}
+                    for n in files]
+    assert sorted(d for days in days_of_file for d in days) == list(range(5))
+    recomputed = table([7, 99], "err").drop("_d0")  # m7 changes, m99 is new
     old = table([7], "done")
     dest = tmp_path / "run" / "messages"
     dest.parent.mkdir()

@@ -35,7 +35,8 @@ STATE_PREFIX = "state."                      # OUT/compacted/state.<token>/
 FACTS_SUFFIX = ".facts"                      # OUT/compacted/state.<token>.facts/
 # The stored facts' layout and the bucket function they were written with (facts.bucket):
 # facts of another version are written again from the state (rq.analytics.stored).
-FACTS_VERSION = 3
+# 4: messages/ files by the first day of each message, no longer by its key.
+FACTS_VERSION = 4
 
 
 def zero_lines() -> dict[str, int]:

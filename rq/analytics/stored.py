@@ -7,14 +7,16 @@ Owns `OUT/compacted/state.<token>.facts/`, written by `write_facts` whenever the
   percentiles and each queue's SLOW_KEEP slowest messages);
 * `values_h/`, `values_b/` — its value multisets (rq.analytics.facts) sorted by hour and by
   coarse bucket in small row groups, so that a reader skips what it does not need;
-* `messages/` — its messages/ table in files by the hash of the key, `layout.json` how many.
+* `messages/` — its messages/ table in files by the hash of each message's first day (`_d0`),
+  `layout.json` how many: the messages a new hour recomputes began on the last day or two, so
+  a run rewrites those days' files only.
 
 `run_carried` is an unwindowed run on them: the messages with raw events are recomputed from
 all their events (as rq.analytics.state.run_messages does), their facts minus their stored
 rows' are collected in one query and added to the stored totals in Python; only the hours
 whose stored values change, and the value buckets that hold the percentiles' ranks, are read
 back in Spark; the messages/ table is hard links to the stored files that hold no recomputed
-message plus one new file.
+message plus new files: the recomputed messages and the other rows of the files they hit.
 """
 
 from __future__ import annotations
@@ -69,19 +71,21 @@ def write_facts(spark: SparkSession, rows_path: str, dest: str) -> None:
 
 
 def write_messages(rows: DataFrame, dest: str, files: int) -> None:
-    """`dest/messages`: the messages/ columns of `rows` in `files` files by the hash of the
-    key (file k holds the keys with message_file(files) = k), and `dest/layout.json` saying
-    how many."""
-    (rows.select(*T.MESSAGE_COLUMNS).repartition(files, *T.KEY)
+    """`dest/messages`: the messages/ columns of the state rows `rows` in `files` files by
+    the hash of their first day (file k holds the rows with message_file(files) = k), and
+    `dest/layout.json` saying how many.  By day, not by key: the messages a new hour's events
+    recompute began on its day or the one before, and only their files are rewritten
+    (link_messages; by key every file held some, and a run rewrote the whole table)."""
+    (rows.repartition(files, "_d0").select(*T.MESSAGE_COLUMNS)
      .write.parquet(f"file://{dest}/messages"))
     load.write_json(os.path.join(dest, LAYOUT), {"message_files": files})
 
 
 def message_file(files: int) -> Column:
-    """The stored messages file of a key: Spark's hash partitioning of `repartition(files,
-    *KEY)` (pmod of the seed-42 Murmur3 hash, SQL's `hash`), so a part file's number says
-    which keys it holds."""
-    return F.expr(f"pmod(hash({', '.join(T.KEY)}), {files})")
+    """The stored messages file of a state row: Spark's hash partitioning of
+    `repartition(files, "_d0")` (pmod of the seed-42 Murmur3 hash, SQL's `hash`), so a part
+    file's number says which rows it holds."""
+    return F.expr(f"pmod(hash(_d0), {files})")
 
 
 def part_number(name: str) -> int | None:
