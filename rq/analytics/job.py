@@ -160,7 +160,7 @@ def run_locked(spark: Any, opts: Options, out: str, started: float
     else:
         compaction["messages"] = totals.message_count(part.totals)
     queue_errors, total_errors, slow_rows = totals.top_lists(part.totals)
-    hourly = summary.hourly(msg_rows, span_rows)
+    hourly = summary.hourly(part.totals.queue_hour, part.totals.hour_pct, totals.US)
     stages["aggregates"] = round(time.monotonic() - clock - sum(stages.values()), 3)
 
     work = load.partial_dir(out, run_id)

@@ -159,8 +159,9 @@ def dist_fields(prefix: str, stat: Sequence[int] | None,
 
 def summary_rows(t: Totals, pct: Mapping[tuple[str | None, str], list[float | None]]
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(msg_rows, span_rows) in the grouping-set form rq.analytics.summary reads: g = 0
-    (queue, hour), 1 (queue) and 3 (everything); `pct`: facts.group_percentiles."""
+    """(msg_rows, span_rows) in the grouping-set form rq.analytics.summary.build reads: g = 0
+    (queue, hour; messages only), 1 (queue) and 3 (everything); `pct`:
+    facts.group_percentiles."""
     msg_rows: list[dict[str, Any]] = []
     span_rows: list[dict[str, Any]] = []
     every: dict[tuple[None, str], list[int]] = {}
@@ -188,15 +189,7 @@ def summary_rows(t: Totals, pct: Mapping[tuple[str | None, str], list[float | No
     for (queue, hour), counts in t.queue_hour.items():
         msg_rows.append({"g": summary.G_QUEUE_HOUR, "queue": queue, "hour": hour,
                          **dict(zip(STATES, counts))})
-    hours: dict[tuple[str, int], dict[str, Any]] = {}
-    for (queue, hour, kind), (n, *ps) in t.hour_pct.items():
-        row = hours.setdefault((queue, hour), {
-            "g": summary.G_QUEUE_HOUR, "queue": queue, "hour": hour, "wait_p": None,
-            "wait_mean": None, "wait_n": 0, "run_p": None, "run_mean": None, "run_n": 0})
-        row[f"{kind}_p"] = [None if p is None else p / US for p in ps]
-        row[f"{kind}_n"] = int(n or 0)
-    span_rows.extend(hours.values())
-    return msg_rows, span_rows
+    return msg_rows, span_rows  # the hours' spans: summary.hourly(t.queue_hour, t.hour_pct)
 
 
 def span_row(g: int, queue: str | None, stats: Mapping[Key, Sequence[int]],
