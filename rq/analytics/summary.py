@@ -124,13 +124,12 @@ def hourly(queue_hour: Mapping[tuple[str, Any], Sequence[int]],
             r = row(queue, int(hour))
             r["done"], r["err"], r["relayed"], r["deleted"] = (
                 int(done or 0), int(err or 0), int(relayed or 0), int(deleted or 0))
-            finished = r["done"] + r["err"] + r["relayed"]
-            r["error_rate"] = num(r["err"] / finished) if finished else 0.0
+            r["error_rate"] = error_rate(r)
     for (queue, hour, kind), (n, *ps) in hour_pct.items():
         r = row(queue, int(hour))
         if n and kind in names:
             for name, p in zip(names[kind], ps):
-                r[name] = None if p is None else round(p / unit, 6)  # num()
+                r[name] = None if p is None else num(p / unit)
     return [out[k] for k in sorted(out)]
 
 
