@@ -37,8 +37,6 @@ from pyspark.sql import functions as F
 from rq.analytics import compact, extract, load, manifest
 from rq.analytics import transform as T
 
-# The day of a compacted event: its file sits in `compacted/<key>/<DAY>.<token>/src_queue=Q/`.
-DAY_OF_DIR = r"/(\d{8})\.[^/]+/src_queue="
 DAYS = ("_d0", "_d1")
 MESSAGE_FIELDS = ["queue", "msg_id", "host", "final_state", "wait_s", "run_s", "total_s",
                   "resends", "lease_expiries", "recoveries", "first_ts", "final_ts", "status",
@@ -69,7 +67,9 @@ def read_events(spark: SparkSession, out: str, dirs: list[str], since: float | N
     to `out`); `with_day` adds `_day`, the day directory each came from."""
     df = compact.read_compacted(spark, [os.path.join(out, d) for d in dirs])
     if with_day:
-        df = df.withColumn("_day", F.regexp_extract(F.col("_metadata.file_path"), DAY_OF_DIR, 1))
+        # A compacted event's file: `compacted/<key>/<DAY>.<token>/src_queue=Q/<part>`.
+        df = df.withColumn("_day", F.substring_index(
+            compact.path_element(F.col("_metadata.file_path"), 3), ".", 1))
     return T.window_events(df, since, until)
 
 
