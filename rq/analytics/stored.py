@@ -54,13 +54,13 @@ def write_facts(spark: SparkSession, rows_path: str, dest: str) -> None:
     parts["slow"] = T.top_per_queue(slow_candidates(rows), T.slowest_order(),
                                     SLOW_KEEP).drop("rank")
     stored = totals.from_rows(facts.collect(parts))
-    # Files by hash (no sampling job, as a range partitioning would cost), each sorted: the
-    # row groups' min/max still let a reader skip what it does not need.
+    # Files as the values are partitioned (by queue and kind, facts.make: no shuffle), each
+    # sorted: the row groups' min/max let a reader skip what it does not need.
     size = compact.tree_bytes(rows_path)
     files = max(1, min(4, size // (32 << 20)))
-    sorted_tables = {"values_h": values.where(F.col("hour").isNotNull())
-                     .repartition(files, "hour").sortWithinPartitions("hour", "queue", "kind"),
-                     "values_b": values_b.repartition(files, "b")
+    sorted_tables = {"values_h": values.where(F.col("hour").isNotNull()).coalesce(files)
+                     .sortWithinPartitions("hour", "queue", "kind"),
+                     "values_b": values_b.coalesce(files)
                      .sortWithinPartitions("b", "kind", "queue", "v")}
     for name, df in sorted_tables.items():
         df.write.option("parquet.block.size", ROW_GROUP).parquet(f"file://{dest}/{name}")
