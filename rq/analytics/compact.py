@@ -236,7 +236,7 @@ def compact(spark: SparkSession, out: str,
 def path_element(path: Column, k: int) -> Column:
     """The k-th element from the end of a `/`-separated path (1: the file's name).  String
     functions, not a regular expression: a pattern searched along every line's path cost
-    compaction about a tenth of its time (docs/benchmarks.md, eleventh session).  The
+    compaction's write about a fifth of its time (docs/benchmarks.md, eleventh session).  The
     layouts it reads: raw `<events>/<DAY>/<QUEUE>.jsonl` (extract.list_local: a queue name
     holds no `.`), staged `…/day=<DAY>/src_queue=<QUEUE>/<part>` and compacted
     `…/<DAY>.<token>/src_queue=<QUEUE>/<part>`."""
@@ -253,6 +253,7 @@ INVALID = 1 << 32
 
 
 def day_sums(days: list[str]) -> list[Column]:
+    """The observed sum of each of `days` (named by the day) over staged lines."""
     weight = F.when(F.col("reason").isNull(), F.lit(1)).otherwise(F.lit(INVALID))
     return [F.sum(F.when(F.col("day") == day, weight)).alias(day) for day in days]
 
@@ -265,8 +266,8 @@ def observed_line_counts(spark: SparkSession, staging: str, sums: dict[str, Any]
     dirty = []
     for day, total in sums.items():
         counts[day] = manifest.zero_lines()
-        counts[day]["valid"] = int(total or 0) % INVALID
-        if int(total or 0) >= INVALID:
+        skipped, counts[day]["valid"] = divmod(int(total or 0), INVALID)
+        if skipped:
             dirty.append(day)
     if dirty:
         rows = (spark.read.schema("reason string").option("recursiveFileLookup", "true")
