@@ -21,11 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlparse
 
+from rq.analytics import localfs
 from rq.errors import RQError
 from rq.fsops import unlink_quiet
 
@@ -191,13 +192,19 @@ STALE_TMP = 24 * 3600
 KEEP_ARCHIVES = 3  # the most recently used; older ones (other Java or pyspark) are removed
 
 
+def cache_home(env: Mapping[str, str]) -> str:
+    """`$XDG_CACHE_HOME/rq`: the archives (analytics-cds/) and the compiled file system
+    (analytics-jvm/, rq/analytics/localfs.py)."""
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "rq")
+
+
 def cds_dir(env: Mapping[str, str]) -> str | None:
     """The cache directory of the archives (`$XDG_CACHE_HOME/rq/analytics-cds`), created with
     its empty `conf` directory; None when disabled or when it cannot be created."""
     if env.get(CDS_ENV, "1") == "0":
         return None
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "rq", "analytics-cds")
+    path = os.path.join(cache_home(env), "analytics-cds")
     try:
         os.makedirs(os.path.join(path, "conf"), exist_ok=True)
     except OSError:
@@ -205,16 +212,16 @@ def cds_dir(env: Mapping[str, str]) -> str | None:
     return path
 
 
-def cds_key(java_version: str, env: Mapping[str, str]) -> str:
+def cds_key(java_version: str, env: Mapping[str, str], extra: Iterable[str] = ()) -> str:
     """A hash of what the archive depends on: the JVM (its binary and version) and the class
-    path (pyspark's version and jars, SPARK_HOME, SPARK_DIST_CLASSPATH)."""
+    path (pyspark's version and jars, SPARK_HOME, SPARK_DIST_CLASSPATH, the `extra` jars)."""
     import pyspark
     h = hashlib.sha256()
     java = java_command(env) or ""
     h.update(f"{os.path.realpath(java)}\0{java_version}\0{pyspark.__version__}\0".encode())
     home = env.get("SPARK_HOME") or os.path.dirname(pyspark.__file__)
     h.update(f"{home}\0{env.get('SPARK_DIST_CLASSPATH', '')}\0".encode())
-    for jar in sorted(glob.glob(os.path.join(home, "jars", "*"))):
+    for jar in [*sorted(glob.glob(os.path.join(home, "jars", "*"))), *extra]:
         try:
             st = os.stat(jar)
         except OSError:
@@ -393,22 +400,35 @@ def spark_session(master: str, conf: Mapping[str, str], *, log_path: str | None 
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
+# The file system settings of the running driver JVM (localfs.conf), kept for later sessions of
+# this process: the JVM's class path is fixed when it starts.
+_launched_fs: dict[str, str] = {}
+
+
 def _start(session_cls: Any, master: str, conf: Mapping[str, str], tmpdir: str,
            log_path: str | None, java_version: str, dump: list[str],
            input_bytes: int | None = None, cds_write: bool = True) -> Any:
     conf_dir = os.path.join(tmpdir, "conf")
     os.makedirs(conf_dir)
     log4j = prepare_env(conf_dir, os.environ, is_loopback(master))  # type: ignore[arg-type]
-    settings = {**default_conf(master, tmpdir, input_bytes,
-                               conf.get("spark.driver.defaultJavaOptions", "")), **conf}
-    jvm_opts = [f"-Dlog4j2.configurationFile=file:{log4j}"]
     from pyspark import SparkContext
+    global _launched_fs
+    if SparkContext._gateway is None:  # else: the JVM runs already, with its class path
+        fs_jar = localfs.jar(os.path.join(cache_home(os.environ), "analytics-jvm"),
+                             java_command(os.environ), java_version, os.environ)
+        _launched_fs = localfs.conf(master, conf, fs_jar)
+    settings = {**default_conf(master, tmpdir, input_bytes,
+                               conf.get("spark.driver.defaultJavaOptions", "")),
+                **_launched_fs, **conf}
+    jvm_opts = [f"-Dlog4j2.configurationFile=file:{log4j}"]
     cache = cds_dir(os.environ)
-    if cache is not None and SparkContext._gateway is None:  # else: the JVM is running already
+    if cache is not None and SparkContext._gateway is None:
         os.environ["SPARK_CONF_DIR"] = os.path.join(cache, "conf")  # stable and empty
         user = " ".join(settings.get(k, "") for k in (
             "spark.driver.extraJavaOptions", "spark.driver.defaultJavaOptions"))
-        cds, tmp = cds_options(cache, cds_key(java_version, os.environ), user, cds_write)
+        key = cds_key(java_version, os.environ,
+                      [_launched_fs["spark.driver.extraClassPath"]] if _launched_fs else [])
+        cds, tmp = cds_options(cache, key, user, cds_write)
         jvm_opts.append(cds)
         if tmp:
             dump.append(tmp)
