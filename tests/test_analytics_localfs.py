@@ -94,6 +94,8 @@ def test_only_a_local_master_without_the_users_own_settings_gets_it(tmp_path: Pa
     assert localfs.conf("local[2]", {}, None) == {}  # no JDK: Hadoop's file system
     for key in localfs.USER_KEYS:
         assert localfs.conf("local[2]", {key: "theirs"}, jar) == {}
+        assert not localfs.wanted("local[2]", {key: "theirs"})  # nothing compiled for them
+    assert localfs.wanted("local[*]", {}) and not localfs.wanted("yarn", {})
 
 
 @pytest.mark.timeout(300)

@@ -96,9 +96,13 @@ def jar(cache: str, java: str | None, java_version: str, env: Mapping[str, str]
         return None
 
 
+def wanted(master: str, user_conf: Mapping[str, str]) -> bool:
+    """A local master, and none of the user's settings that decide the same."""
+    return master.startswith("local") and not any(k in user_conf for k in USER_KEYS)
+
+
 def conf(master: str, user_conf: Mapping[str, str], jar_path: str | None) -> dict[str, str]:
     """The settings that put the file system in a local master's driver (none otherwise)."""
-    if jar_path is None or not master.startswith("local") or any(
-            k in user_conf for k in USER_KEYS):
+    if jar_path is None or not wanted(master, user_conf):
         return {}
     return {"spark.driver.extraClassPath": jar_path, "spark.hadoop.fs.file.impl": FS_CLASS}

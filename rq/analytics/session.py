@@ -400,9 +400,9 @@ def spark_session(master: str, conf: Mapping[str, str], *, log_path: str | None 
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-# The file system settings of the running driver JVM (localfs.conf), kept for later sessions of
-# this process: the JVM's class path is fixed when it starts.
-_launched_fs: dict[str, str] = {}
+# The file system's jar on the running driver JVM's class path (localfs), kept for later
+# sessions of this process: the class path is fixed when the JVM starts.
+_jvm_fs_jar: str | None = None
 
 
 def _start(session_cls: Any, master: str, conf: Mapping[str, str], tmpdir: str,
@@ -412,23 +412,23 @@ def _start(session_cls: Any, master: str, conf: Mapping[str, str], tmpdir: str,
     os.makedirs(conf_dir)
     log4j = prepare_env(conf_dir, os.environ, is_loopback(master))  # type: ignore[arg-type]
     from pyspark import SparkContext
-    global _launched_fs
+    global _jvm_fs_jar
     if SparkContext._gateway is None:  # else: the JVM runs already, with its class path
-        fs_jar = localfs.jar(os.path.join(cache_home(os.environ), "analytics-jvm"),
-                             java_command(os.environ), java_version, os.environ)
-        _launched_fs = localfs.conf(master, conf, fs_jar)
+        _jvm_fs_jar = (localfs.jar(os.path.join(cache_home(os.environ), "analytics-jvm"),
+                                   java_command(os.environ), java_version, os.environ)
+                       if localfs.wanted(master, conf) else None)
+    fs_conf = localfs.conf(master, conf, _jvm_fs_jar)
     settings = {**default_conf(master, tmpdir, input_bytes,
                                conf.get("spark.driver.defaultJavaOptions", "")),
-                **_launched_fs, **conf}
+                **fs_conf, **conf}
     jvm_opts = [f"-Dlog4j2.configurationFile=file:{log4j}"]
     cache = cds_dir(os.environ)
     if cache is not None and SparkContext._gateway is None:
         os.environ["SPARK_CONF_DIR"] = os.path.join(cache, "conf")  # stable and empty
         user = " ".join(settings.get(k, "") for k in (
             "spark.driver.extraJavaOptions", "spark.driver.defaultJavaOptions"))
-        key = cds_key(java_version, os.environ,
-                      [_launched_fs["spark.driver.extraClassPath"]] if _launched_fs else [])
-        cds, tmp = cds_options(cache, key, user, cds_write)
+        archive = cds_key(java_version, os.environ, [_jvm_fs_jar] if _jvm_fs_jar else [])
+        cds, tmp = cds_options(cache, archive, user, cds_write)
         jvm_opts.append(cds)
         if tmp:
             dump.append(tmp)
