@@ -90,10 +90,16 @@ def test_only_a_local_master_without_the_users_own_settings_gets_it(tmp_path: Pa
     assert localfs.conf("local[2]", {}, jar) == {
         "spark.driver.extraClassPath": jar, "spark.hadoop.fs.file.impl": localfs.FS_CLASS}
     assert localfs.conf("local", {"spark.sql.shuffle.partitions": "4"}, jar) != {}
-    assert localfs.conf("spark://127.0.0.1:7077", {}, jar) == {}  # executors lack the jar
     assert localfs.conf("local[2]", {}, None) == {}  # no JDK: Hadoop's file system
+    # A JVM started by a local session holds its settings as system properties, which a later
+    # session of the process inherits: a cluster one (its executors lack the jar), or one with
+    # the user's extraClassPath, names Hadoop's class again; the user's own class stays.
+    hadoops = {"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem"}
+    assert localfs.conf("spark://127.0.0.1:7077", {}, jar) == hadoops
+    assert localfs.conf("spark://127.0.0.1:7077", {}, None) == {}  # a JVM without the jar
+    assert localfs.conf("local[2]", {"spark.driver.extraClassPath": "theirs"}, jar) == hadoops
+    assert localfs.conf("local[2]", {"spark.hadoop.fs.file.impl": "theirs"}, jar) == {}
     for key in localfs.USER_KEYS:
-        assert localfs.conf("local[2]", {key: "theirs"}, jar) == {}
         assert not localfs.wanted("local[2]", {key: "theirs"})  # nothing compiled for them
     assert localfs.wanted("local[*]", {}) and not localfs.wanted("yarn", {})
 

@@ -14,7 +14,8 @@ that was dumped with it (the archive records its size and mtime).  `conf` names 
 the class for a local master's driver.  Without a JDK (a JRE has no javac), without a writable
 cache, or when the compile fails, Hadoop's own file system is used: slower, same files.
 Cluster masters keep Hadoop's file system: their executors write the files and do not have
-the jar.  A user's `spark.hadoop.fs.file.impl` or `spark.driver.extraClassPath` wins.
+the jar (a cluster session in a JVM that a local one started names Hadoop's explicitly).  A
+user's `spark.hadoop.fs.file.impl` or `spark.driver.extraClassPath` wins.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import zipfile
 from collections.abc import Mapping
 
 FS_CLASS = "rq.analytics.RqLocalFileSystem"
+HADOOP_CLASS = "org.apache.hadoop.fs.LocalFileSystem"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jvm",
                       "RqLocalFileSystem.java")
 JAVA_RELEASE = "17"  # the oldest Java that pyspark 4 runs on
@@ -102,7 +104,12 @@ def wanted(master: str, user_conf: Mapping[str, str]) -> bool:
 
 
 def conf(master: str, user_conf: Mapping[str, str], jar_path: str | None) -> dict[str, str]:
-    """The settings that put the file system in a local master's driver (none otherwise)."""
-    if jar_path is None or not wanted(master, user_conf):
+    """The settings of a session whose driver JVM has `jar_path` on its class path (None: not
+    there).  A local master gets the file system.  Any other session in that JVM names Hadoop's
+    own again: spark-submit made every setting of the session that started the JVM a system
+    property, which later sessions inherit, and a cluster's executors lack the jar."""
+    if jar_path is None:
         return {}
-    return {"spark.driver.extraClassPath": jar_path, "spark.hadoop.fs.file.impl": FS_CLASS}
+    if not wanted(master, user_conf):
+        return {} if USER_KEYS[0] in user_conf else {USER_KEYS[0]: HADOOP_CLASS}
+    return {"spark.driver.extraClassPath": jar_path, USER_KEYS[0]: FS_CLASS}
