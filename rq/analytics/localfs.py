@@ -3,12 +3,12 @@
 Hadoop without its native library (pip's pyspark ships none) sets the mode of every local file
 and directory it creates by running `chmod` in a child process.  The first incremental run
 writes some 3,000 (day, queue) partitions, each a data file, its .crc and their directories:
-about 9,000 children, a sixth of that run (docs/benchmarks.md, twelfth session).
+about 9,000 children, 19 s of a 138 s run (docs/benchmarks.md, thirteenth session).
 rq/analytics/jvm/RqLocalFileSystem.java is Hadoop's LocalFileSystem with the mode set by the
 JVM itself; everything else (checksums, renames, listings) is Hadoop's code.
 
-`jar` compiles it once per (source, JDK, pyspark) with the JDK's `javac` into a jar in the user's
-cache, `$XDG_CACHE_HOME/rq/analytics-jvm/`; the first process to finish links its jar into
+`jar` compiles it once per (source, JDK, Hadoop jars) with the JDK's `javac` into a jar in the
+user's cache, `$XDG_CACHE_HOME/rq/analytics-jvm/`; the first process to finish links its jar into
 place and later ones use that one, so a jar never changes under a class-data-sharing archive
 that was dumped with it (the archive records its size and mtime).  `conf` names the jar and
 the class for a local master's driver.  Without a JDK (a JRE has no javac), without a writable
@@ -34,7 +34,8 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jvm",
                       "RqLocalFileSystem.java")
 JAVA_RELEASE = "17"  # the oldest Java that pyspark 4 runs on
 COMPILE_TIMEOUT = 300
-USER_KEYS = ("spark.hadoop.fs.file.impl", "spark.driver.extraClassPath")
+FS_KEY = "spark.hadoop.fs.file.impl"
+USER_KEYS = (FS_KEY, "spark.driver.extraClassPath")
 
 
 def javac_for(java: str | None) -> str | None:
@@ -111,5 +112,5 @@ def conf(master: str, user_conf: Mapping[str, str], jar_path: str | None) -> dic
     if jar_path is None:
         return {}
     if not wanted(master, user_conf):
-        return {} if USER_KEYS[0] in user_conf else {USER_KEYS[0]: HADOOP_CLASS}
-    return {"spark.driver.extraClassPath": jar_path, USER_KEYS[0]: FS_CLASS}
+        return {} if FS_KEY in user_conf else {FS_KEY: HADOOP_CLASS}
+    return {"spark.driver.extraClassPath": jar_path, FS_KEY: FS_CLASS}

@@ -3,12 +3,12 @@
 // Without Hadoop's native library (pip's pyspark has none), Hadoop sets the mode of every file
 // and directory it creates on the local file system by running `chmod` in a child process:
 // about three children for each (day, queue) partition that compaction writes, some 9,000 for
-// 30 days of 100 queues, a fifth of the first run's time.  This file system is Hadoop's own
-// (LocalFileSystem: the .crc checksum files stay) with one change: a mode of plain rwx bits is
-// set by the JVM itself (java.nio); anything else goes to Hadoop's code as before.
+// 30 days of 100 queues, 19 s of a 138 s first run (docs/benchmarks.md).  This file system is
+// Hadoop's own (LocalFileSystem: the .crc checksum files stay) with one change: a mode of plain
+// rwx bits is set by the JVM itself (java.nio); anything else goes to Hadoop's code as before.
 //
-// rq/analytics/session.py compiles this file once per JDK into the user's cache and names the
-// class in spark.hadoop.fs.file.impl, for local masters only.
+// rq/analytics/localfs.py compiles this file once per JDK into the user's cache, and
+// rq/analytics/session.py names the class in spark.hadoop.fs.file.impl for local masters only.
 package rq.analytics;
 
 import java.io.FileNotFoundException;
