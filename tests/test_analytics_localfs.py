@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,15 +44,9 @@ with session.spark_session("local[1]", {}, log_path=log) as s:
 
 def modes(root: Path) -> dict[str, int]:
     """Each file and directory under `root` (names without the write's unique id): its mode."""
-    found = {}
-    for path in [root, *root.rglob("*")]:
-        name = str(path.relative_to(root))
-        part = name.rsplit("/", 1)[-1]
-        if "part-" in part:  # part-00000-<uuid>.c000.snappy.parquet (and its .crc)
-            name = name[:len(name) - len(part)] + part.split("-")[0] + part.split("-")[1] \
-                + part[part.index(".c000"):]
-        found[name] = path.stat().st_mode
-    return found
+    # part-00000-<uuid>.c000.snappy.parquet (and its .crc): the uuid is the write's
+    return {re.sub(r"-[0-9a-f-]{36}\.c000", ".c000", str(path.relative_to(root))):
+            path.stat().st_mode for path in [root, *root.rglob("*")]}
 
 
 @pytest.mark.timeout(600)

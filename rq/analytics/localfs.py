@@ -65,6 +65,7 @@ def jar(cache: str, java: str | None, java_version: str, env: Mapping[str, str]
         ) -> str | None:
     """The path of the compiled file system's jar under `cache`, compiled now when missing;
     None when it cannot be had (no javac, no cache, a failed compile)."""
+    from rq.analytics.load import fsync_path  # load imports session, which imports this
     javac = javac_for(java)
     if javac is None:
         return None
@@ -88,8 +89,7 @@ def jar(cache: str, java: str | None, java_version: str, env: Mapping[str, str]
                 z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\n\r\n")
                 for cls in sorted(glob.glob(os.path.join(tmp, "rq", "analytics", "*.class"))):
                     z.write(cls, os.path.relpath(cls, tmp))
-            with open(built, "rb") as f:  # a torn jar would fail every later run
-                os.fsync(f.fileno())
+            fsync_path(built)  # a torn jar would fail every later run
             try:
                 os.link(built, path)  # never over a jar another run has linked already
             except FileExistsError:
