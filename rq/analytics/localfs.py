@@ -65,7 +65,6 @@ def jar(cache: str, java: str | None, java_version: str, env: Mapping[str, str]
         ) -> str | None:
     """The path of the compiled file system's jar under `cache`, compiled now when missing;
     None when it cannot be had (no javac, no cache, a failed compile)."""
-    from rq.analytics.load import fsync_path  # load imports session, which imports this
     javac = javac_for(java)
     if javac is None:
         return None
@@ -89,7 +88,13 @@ def jar(cache: str, java: str | None, java_version: str, env: Mapping[str, str]
                 z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\n\r\n")
                 for cls in sorted(glob.glob(os.path.join(tmp, "rq", "analytics", "*.class"))):
                     z.write(cls, os.path.relpath(cls, tmp))
-            fsync_path(built)  # a torn jar would fail every later run
+            # a torn jar would fail every later run (not load.fsync_path: load imports
+            # session, which imports this module, and the package has no import cycles)
+            fd = os.open(built, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             try:
                 os.link(built, path)  # never over a jar another run has linked already
             except FileExistsError:
