@@ -5,22 +5,32 @@ over), writing them as their clients read, their deadline, and the cap on the by
 they hold (issue 13 part 5, S7.1).  Used by the server's I/O thread only; it must
 not read requests or call handlers.
 
-Over the cap the connections that do not read are dropped, longest without progress
-first: each is offered its next chunk, and one whose socket takes nothing (its
-buffer full, its client not reading) is closed.  The reply just added is spared
-until the next one comes, so a single reply above the cap still reaches a client
-that reads it.  A reply that moves is never dropped: a client that reads never gets
-a cut reply; a dropped client sees its frame end short, which every rq1 client
-reports as an error (the frame carries its length).  The bound on memory held is
-therefore the cap, plus the replies being read, plus the newest reply.  One log
-line when dropping starts, one when the total is back under half the cap.
+Over the cap the connections that do not read are dropped: first those whose client
+has read nothing (none of what the worker's first send wrote, by the kernel's count of
+unread bytes, and no later send took bytes), oldest hand-over first, then those that
+read once but took nothing for STALLED seconds, longest without progress first.  Each is
+offered its next chunk, and one whose socket takes nothing (its buffer full, its
+client not reading) is closed.  The reply just added is spared until the next one
+comes, so a single reply above the cap still reaches a client that reads it.  A
+reply that moves is never dropped: a client that reads never gets a cut reply, even
+when the scheduler stops it for a moment while a flood of deaf clients comes in
+(ordering by the last progress alone dropped such a reader on a loaded CI host).  A
+dropped client sees its frame end short, which every rq1 client reports as an error
+(the frame carries its length).  The bound on memory held is therefore the cap, plus
+the replies read within STALLED seconds, plus the newest reply; a reply still ends at
+its deadline however slowly it is read.  One log line when dropping starts, one when
+the total is back under half the cap.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import selectors
 import socket
+import struct
+import sys
+import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +39,7 @@ log = logging.getLogger("rq.sockserve")
 
 MAX_UNSENT = 32 << 20  # bytes of replies not yet taken by their clients, all connections
 SEND_CHUNK = 1 << 18
+STALLED = 5.0  # seconds without progress after which a reply that moved may be dropped
 
 
 @dataclass
@@ -39,6 +50,17 @@ class Writing:
     deadline: float
     progress: float            # when a send last took bytes (or the hand-over)
     size: int
+    moved: bool = False        # the client read some of it: it is a reader
+
+
+def unread(conn: socket.socket) -> int:
+    """The bytes written to Unix socket `conn` that its peer has not read (SIOCOUTQ);
+    the kernel counts each buffer's overhead too, so it never counts short."""
+    try:
+        got = fcntl.ioctl(conn.fileno(), termios.TIOCOUTQ, b"\0" * 4)
+    except OSError:
+        return sys.maxsize  # unknown: the client counts as not reading
+    return struct.unpack("i", got)[0]
 
 
 class UnsentReplies:
@@ -56,7 +78,8 @@ class UnsentReplies:
     def add(self, conn: socket.socket, data: bytes, sent: int) -> None:
         """Write the rest of `data` (`sent` bytes went already) as `conn` reads."""
         now = time.monotonic()
-        w = Writing(conn, memoryview(data)[sent:], now + self.timeout, now, len(data))
+        w = Writing(conn, memoryview(data)[sent:], now + self.timeout, now, len(data),
+                    moved=sent > unread(conn))  # a client reading while the worker wrote
         self.writing[conn.fileno()] = w
         self.unsent += w.size
         self.sel.register(conn, selectors.EVENT_WRITE, w)
@@ -72,6 +95,7 @@ class UnsentReplies:
             self.end(w)
             return
         w.data, w.progress = w.data[n:], time.monotonic()
+        w.moved = w.moved or n > 0
         if not w.data:
             self.end(w)
 
@@ -100,8 +124,9 @@ class UnsentReplies:
             self.end(w)
 
     def enforce_cap(self, newest: Writing) -> None:
-        """Over the cap, drop the replies whose client takes nothing, longest without
-        progress first; `newest`, just added, gets its chance first."""
+        """Over the cap, drop the replies whose client takes nothing: never moved since
+        the hand-over first, then stalled for STALLED seconds, longest without progress
+        first; `newest`, just added, gets its chance first."""
         if self.unsent <= self.max_unsent:
             return
         if not self.shedding:
@@ -109,8 +134,9 @@ class UnsentReplies:
             log.warning("unsent replies over %d MiB (%d connections): dropping the "
                         "connections that do not read their reply", self.max_unsent >> 20,
                         len(self.writing))
-        for w in sorted(self.writing.values(), key=lambda w: w.progress):
-            if self.unsent <= self.max_unsent:
+        stalled = time.monotonic() - STALLED
+        for w in sorted(self.writing.values(), key=lambda w: (w.moved, w.progress)):
+            if self.unsent <= self.max_unsent or (w.moved and w.progress > stalled):
                 break
             fd, left = w.conn.fileno(), len(w.data)
             if w is newest:

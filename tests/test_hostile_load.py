@@ -28,6 +28,7 @@ when the hard limit is below NOFILE_NEEDED.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import resource
@@ -37,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -451,6 +453,59 @@ def ask_and_never_read(path: str, request: bytes) -> socket.socket:
     return sock
 
 
+class DeafFlood:
+    """A thread asking `count` times for a message of `ids` over a fresh connection
+    that never reads its reply; `stop()` ends the flood and closes every connection."""
+
+    def __init__(self, path: str, ids: list[str], count: int = DEAF) -> None:
+        self.path, self.ids, self.count = path, ids, count
+        self.socks: list[socket.socket] = []
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for i in range(self.count):
+            if self._stopping.is_set():
+                return
+            msg_id = self.ids[i % len(self.ids)]
+            request = protocol.encode_request("get_message", {"msg_id": msg_id})
+            self.socks.append(ask_and_never_read(self.path, request))
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def stop(self) -> None:
+        """After a failed assertion too: no connection is left open for a later test."""
+        self._stopping.set()
+        self._thread.join(60)
+        close_all(self.socks)
+
+
+PAUSE_AFTER = 400_000  # bytes a paused reader has read: more than a Unix socket's buffer
+DEAF_AFTER = 120       # deaf replies while it pauses: over three times the ~36 that fill the cap
+
+
+def read_until_refilled(sock: socket.socket, at_least: int) -> int:
+    """Read `at_least` bytes, then on in small steps until the queue writes again (the
+    bytes waiting grow): stop there, so the paused reader's socket is full and takes
+    nothing more, like a deaf client's.  A reader paused with room left takes the queue's
+    next chunk when the cap offers it one, and was never at risk."""
+    got = 0
+    waiting = 0
+    while True:
+        now = int.from_bytes(fcntl.ioctl(sock, termios.FIONREAD, b"\0" * 4), sys.byteorder)
+        if got >= at_least and now > waiting:
+            return got
+        chunk = sock.recv(4096 if got >= at_least else at_least - got)
+        assert chunk, "the reply ended before the reader paused"
+        got += len(chunk)
+        waiting = now - len(chunk)
+
+
 def read_to_eof(sock: socket.socket) -> int:
     sock.settimeout(30)
     got = 0
@@ -476,18 +531,11 @@ def test_rq1_caps_the_memory_held_for_replies_never_read(sockq: QueueProc) -> No
     offset = log_path.stat().st_size
     memory = PeakMemory(sockq.popen.pid)
     base_uss = memory.proc.memory_full_info().uss
-    deaf: list[socket.socket] = []
-
-    def flood() -> None:
-        for i in range(DEAF):
-            request = protocol.encode_request("get_message", {"msg_id": ids[i % 3]})
-            deaf.append(ask_and_never_read(path, request))
-    flooding = threading.Thread(target=flood)
+    flood = DeafFlood(path, ids)
     times: list[float] = []
     reads = 0
     try:
-        flooding.start()
-        while flooding.is_alive() or reads < 5:
+        while flood.is_alive() or reads < 5:
             pong, took = timed(lambda: sockq.call("ping", timeout=5))
             assert pong == ["pong"]
             made, took2 = timed(lambda: sockq.call("create_message", {"dest": "m"}, timeout=5))
@@ -496,7 +544,7 @@ def test_rq1_caps_the_memory_held_for_replies_never_read(sockq: QueueProc) -> No
             got = sockq.call("get_message", {"msg_id": ids[reads % 3]}, timeout=30)
             assert got[1]["param1"] == "abc"[reads % 3] * BIG  # whole, never cut
             reads += 1
-        flooding.join(60)
+        flood.join(60)
         peak = memory.stop()
         print(f"\nrq1 with {DEAF} clients never reading a 0.9 MB reply: ping/create p99 "
               f"{p99(times) * 1000:.1f} ms, max {max(times) * 1000:.1f} ms; {reads} whole "
@@ -505,7 +553,7 @@ def test_rq1_caps_the_memory_held_for_replies_never_read(sockq: QueueProc) -> No
         # can stall one round trip of ~60 past it: p99 as for the web half)
         assert memory.uss - base_uss < UNSENT_CAP + MEMORY_MARGIN
         frame = len(protocol.encode_reply(sockq.call("get_message", {"msg_id": ids[0]})))
-        whole = sum(read_to_eof(sock) == frame for sock in deaf)
+        whole = sum(read_to_eof(sock) == frame for sock in flood.socks)
         assert whole <= UNSENT_CAP // BIG + 2, f"{whole} of {DEAF} deaf clients " \
             "got their whole reply: none was dropped"
         logged = log_path.read_bytes()[offset:].decode(errors="replace")
@@ -514,5 +562,38 @@ def test_rq1_caps_the_memory_held_for_replies_never_read(sockq: QueueProc) -> No
         assert 1 <= logged.count("dropping the connections that do not read") <= 3, logged
     finally:
         memory.stop()
-        close_all(deaf)
+        flood.stop()
+    assert sockq.call("ping") == ["pong"]
+
+
+def test_rq1_a_reader_paused_during_a_deaf_flood_gets_its_whole_reply(sockq: QueueProc) -> None:
+    """Issue 13 part 5 (S7.1), the flake the project's CI met at 04ddabf: a client reads
+    part of its 0.9 MB reply, then is not scheduled while deaf clients push the unsent
+    replies over the cap.  It has read since the hand-over, so it is a reader: the queue
+    drops deaf connections, never it, and it gets its whole reply.  When the cap dropped
+    the longest without progress first, the paused reader was dropped once DEAF_AFTER
+    newer deaf replies had come (its frame ended short)."""
+    path = str(Path(sockq.root, "queue", "p", "queue.sock"))
+    msg_id = sockq.call("create_message", {"dest": "x", "param1": "r" * BIG})[1]
+    frame = len(protocol.encode_reply(sockq.call("get_message", {"msg_id": msg_id})))
+    log_path = Path(sockq.root, "log", "queuemgr.log")
+    offset = log_path.stat().st_size
+    reader = socket.socket(socket.AF_UNIX)
+    flood: DeafFlood | None = None
+    try:
+        reader.settimeout(30)
+        reader.connect(path)
+        reader.sendall(protocol.encode_request("get_message", {"msg_id": msg_id}))
+        got = read_until_refilled(reader, PAUSE_AFTER)
+        flood = DeafFlood(path, [msg_id], count=DEAF_AFTER)  # the reader pauses meanwhile
+        flood.join(120)
+        assert not flood.is_alive() and len(flood.socks) == DEAF_AFTER
+        logged = log_path.read_bytes()[offset:].decode(errors="replace")
+        assert "dropping the connections that do not read" in logged, logged
+        got += read_to_eof(reader)
+        assert got == frame, f"the paused reader got {got} of {frame} bytes: it was dropped"
+    finally:
+        reader.close()
+        if flood is not None:
+            flood.stop()
     assert sockq.call("ping") == ["pong"]
