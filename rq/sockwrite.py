@@ -124,9 +124,9 @@ class UnsentReplies:
             self.end(w)
 
     def enforce_cap(self, newest: Writing) -> None:
-        """Over the cap, drop the replies whose client takes nothing: never moved since
-        the hand-over first, then stalled for STALLED seconds, longest without progress
-        first; `newest`, just added, gets its chance first."""
+        """Over the cap, drop the replies whose client takes nothing: those it has read
+        none of first, oldest hand-over first, then those stalled for STALLED seconds,
+        longest without progress first; `newest`, just added, gets its chance first."""
         if self.unsent <= self.max_unsent:
             return
         if not self.shedding:

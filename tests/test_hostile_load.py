@@ -569,8 +569,9 @@ def test_rq1_caps_the_memory_held_for_replies_never_read(sockq: QueueProc) -> No
 def test_rq1_a_reader_paused_during_a_deaf_flood_gets_its_whole_reply(sockq: QueueProc) -> None:
     """Issue 13 part 5 (S7.1), the flake the project's CI met at 04ddabf: a client reads
     part of its 0.9 MB reply, then is not scheduled while deaf clients push the unsent
-    replies over the cap.  It has read since the hand-over, so it is a reader: the queue
-    drops deaf connections, never it, and it gets its whole reply.  When the cap dropped
+    replies over the cap.  It has read part of its reply (while the worker's first send
+    wrote it, or from the I/O thread's later sends), so it is a reader: the queue drops
+    deaf connections, never it, and it gets its whole reply.  When the cap dropped
     the longest without progress first, the paused reader was dropped once DEAF_AFTER
     newer deaf replies had come (its frame ended short)."""
     path = str(Path(sockq.root, "queue", "p", "queue.sock"))
