@@ -68,9 +68,10 @@ class UnsentReplies:
     per reply ended (sent, dropped, expired or the client gone)."""
 
     def __init__(self, sel: selectors.BaseSelector, done: Callable[[], None],
-                 max_unsent: int = MAX_UNSENT, timeout: float = 30.0) -> None:
+                 max_unsent: int = MAX_UNSENT, timeout: float = 30.0,
+                 stalled: float = STALLED) -> None:
         self.sel, self.done = sel, done
-        self.max_unsent, self.timeout = max_unsent, timeout
+        self.max_unsent, self.timeout, self.stalled = max_unsent, timeout, stalled
         self.writing: dict[int, Writing] = {}
         self.unsent = 0
         self.shedding, self.dropped = False, 0
@@ -134,7 +135,7 @@ class UnsentReplies:
             log.warning("unsent replies over %d MiB (%d connections): dropping the "
                         "connections that do not read their reply", self.max_unsent >> 20,
                         len(self.writing))
-        stalled = time.monotonic() - STALLED
+        stalled = time.monotonic() - self.stalled
         for w in sorted(self.writing.values(), key=lambda w: (w.moved, w.progress)):
             if self.unsent <= self.max_unsent or (w.moved and w.progress > stalled):
                 break
