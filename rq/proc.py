@@ -32,6 +32,8 @@ from types import ModuleType
 # close-on-exec.  `$$` is the job's pid: exec keeps it, so the header names the
 # process that runs the script, which also leads the job's process group.
 JOB_WRAPPER = (
+    # S6.3 nice 19 for the job's autogroup too (rq/_spawn.c autogroup_nice says why)
+    '{ echo 19 >/proc/self/autogroup; } 2>/dev/null; '
     'cd "$1" || exit 127; shift; '
     "printf '\\n%s - %s\\n' \"$$\" \"$1\"; shift; "
     'command -v "$1" >/dev/null 2>&1 || '

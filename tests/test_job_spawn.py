@@ -28,6 +28,7 @@ names = os.listdir("/proc/self/fd")
 fds = sorted(int(n) for n in names if os.path.lexists("/proc/self/fd/" + n))  # not listdir's
 info = {{"pid": os.getpid(), "pgrp": int(stat[2]), "sid": int(stat[3]), "nice": int(stat[16]),
         "cwd": os.getcwd(), "fds": fds, "sigblk": status["SigBlk"].strip(),
+        "autogroup": open("/proc/self/autogroup").read() if os.path.exists("/proc/self/autogroup") else None,
         "links": {{n: os.readlink("/proc/self/fd/%d" % n) for n in range(5)}}}}
 with open("probe.json", "w") as fh:
     json.dump(info, fh)
@@ -63,6 +64,10 @@ def test_s6_3_job_process_set_up(root: Path, tmp_path: Path, queues: list[QueueP
     assert info["cwd"] == job_dir
     assert info["pid"] == info["pgrp"] == info["sid"]      # own session and group
     assert info["nice"] == 19
+    if info["autogroup"] is not None and os.geteuid() == 0:  # unprivileged: rate-limited
+        # the job's own scheduling group (setsid) weighs as nice 19 too, not as a nice 0 task
+        assert info["autogroup"].split()[-1] == "19", info["autogroup"]
+        assert info["autogroup"] != Path("/proc/self/autogroup").read_text()
     assert int(info["sigblk"], 16) == 0                     # nothing blocked
     assert info["fds"] == [0, 1, 2, 3, 4]                   # no other descriptor
     links = info["links"]
