@@ -26,9 +26,10 @@ stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
 status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
 names = os.listdir("/proc/self/fd")
 fds = sorted(int(n) for n in names if os.path.lexists("/proc/self/fd/" + n))  # not listdir's
+AG = "/proc/self/autogroup"  # kernels with autogroup scheduling
 info = {{"pid": os.getpid(), "pgrp": int(stat[2]), "sid": int(stat[3]), "nice": int(stat[16]),
         "cwd": os.getcwd(), "fds": fds, "sigblk": status["SigBlk"].strip(),
-        "autogroup": open("/proc/self/autogroup").read() if os.path.exists("/proc/self/autogroup") else None,
+        "autogroup": open(AG).read() if os.path.exists(AG) else None,
         "links": {{n: os.readlink("/proc/self/fd/%d" % n) for n in range(5)}}}}
 with open("probe.json", "w") as fh:
     json.dump(info, fh)
