@@ -101,10 +101,11 @@ class QueueProc:
     """`python -m rq.queue --root ROOT --name NAME`, in its own session."""
 
     def __init__(self, root: Path, name: str = QUEUE, *, wait: bool = True,
-                 ready_timeout: float = 60.0) -> None:
+                 ready_timeout: float = 60.0, src: str | None = None) -> None:
+        """`src`: the checkout whose rq runs (default: this one)."""
         self.root, self.name = root, name
         env = dict(os.environ)
-        env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"]
+        env["PYTHONPATH"] = (src or str(REPO)) + (os.pathsep + env["PYTHONPATH"]
                                          if env.get("PYTHONPATH") else "")
         self.log_path = root / "log" / f"{name}.stderr"
         self.log = open(self.log_path, "ab")

@@ -20,7 +20,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <stdint.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -204,6 +206,27 @@ static void autogroup_nice(void)
     }
 }
 
+/* The kernel's default time slice (EEVDF, Linux 6.12 and later), not the
+ * short one the queue process asks for and vfork() passed on
+ * (rq.proc.set_time_slice), at nice 19.  Older kernels ignore the runtime. */
+static void default_slice(void)
+{
+#ifdef SYS_sched_setattr
+    struct {
+        uint32_t size, policy;
+        uint64_t flags;
+        int32_t nice;
+        uint32_t priority;
+        uint64_t runtime, deadline, period;
+    } attr;
+
+    memset(&attr, 0, sizeof attr);
+    attr.size = sizeof attr;  /* 48: the first version of struct sched_attr */
+    attr.nice = 19;
+    syscall(SYS_sched_setattr, 0, &attr, 0);
+#endif
+}
+
 __attribute__((noinline, noreturn)) static void child(struct job *j)
 {
     int fd;
@@ -222,6 +245,7 @@ __attribute__((noinline, noreturn)) static void child(struct job *j)
     dup2(j->write_fd, 3);   /* both are >= 10 and close-on-exec (rq.proc) */
     dup2(j->read_fd, 4);
     setpriority(PRIO_PROCESS, 0, 19);
+    default_slice();
     autogroup_nice();
     reset_signals();
     if (chdir(j->cwd) != 0) {

@@ -91,6 +91,7 @@ class QueueProcess:
     # ================================================================ lifecycle
     def run(self) -> int:
         """Start, serve until stopped, clean up: the whole life of the process."""
+        proc.set_time_slice(0, proc.SHORT_SLICE_NS)  # before any thread starts: they inherit it
         self.take_lock_file()
         self.write_pid_file()
         recover(self.state, self.leases)
