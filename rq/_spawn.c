@@ -208,7 +208,7 @@ static void autogroup_nice(void)
 
 /* The kernel's default time slice (EEVDF, Linux 6.12 and later), not the
  * short one the queue process asks for and vfork() passed on
- * (rq.proc.set_time_slice), at nice 19.  Older kernels ignore the runtime. */
+ * (rq.sched), at nice 19.  Older kernels ignore the runtime. */
 static void default_slice(void)
 {
 #ifdef SYS_sched_setattr

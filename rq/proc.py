@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from types import ModuleType
 
+from rq import sched
+
 # The wrapper runs as `sh -c WRAPPER rq-job DIR HEADER CMD...`.  fd 3 and 4
 # arrive already in place (posix_spawn dup2), every other descriptor is
 # close-on-exec.  `$$` is the job's pid: exec keeps it, so the header names the
@@ -196,7 +198,7 @@ def spawn_job(cmd: list[str], *, cwd: str, env: dict[str, str], stdio_log: str,
     # Python ignores SIGPIPE and SIGXFSZ; a job gets the default dispositions back.
     pid = os.posix_spawn(argv[0], argv, env, file_actions=actions, setsid=True,
                          setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
-    set_time_slice(pid, 0)  # not the queue's short slice (set_time_slice)
+    sched.set_time_slice(pid, 0)  # not the queue's short slice (rq.sched)
     if _NICE is None:
         try:
             os.setpriority(os.PRIO_PROCESS, pid, 19)  # S6.3 nice 19; exec keeps it
@@ -424,37 +426,6 @@ def become_subreaper() -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-# A thread's time slice under Linux's EEVDF scheduler (6.12 and later: sched_setattr's
-# sched_runtime, for SCHED_OTHER too; older kernels ignore it), and the system call's
-# number where it is known.  Inherited by the threads and children a thread starts.
-SHORT_SLICE_NS = 100_000  # the shortest the kernel allows: 0.1 ms
-_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274}.get(os.uname().machine)
-
-
-def set_time_slice(pid: int = 0, ns: int = 0) -> bool:
-    """Ask for a time slice of `ns` nanoseconds (0: the kernel's default) for thread `pid`
-    (0: the calling thread) and what it starts later, its nice value kept.  The queue
-    process asks for SHORT_SLICE_NS: a thread woken by a request, an fsync's end or a
-    job's line then preempts a running job at once, where with the default slice it
-    waited for the job's slice to end (a durable create took 8 ms instead of 0.6 ms
-    beside two CPU-bound jobs: docs/benchmarks.md).  Jobs get the default back
-    (rq/_spawn.c).  Best effort: False where the kernel or the machine says no."""
-    if _SCHED_SETATTR is None:
-        return False
-    import ctypes  # only the queue process needs it
-    import struct
-
-    try:
-        nice = os.getpriority(os.PRIO_PROCESS, pid)
-        # struct sched_attr, its first version: size, policy (SCHED_OTHER), flags, nice,
-        # priority, runtime, deadline, period
-        attr = ctypes.create_string_buffer(struct.pack("IIQiIQQQ", 48, 0, 0, nice, 0, ns, 0, 0),
-                                           48)
-        return ctypes.CDLL(None, use_errno=True).syscall(_SCHED_SETATTR, pid, attr, 0) == 0
     except (OSError, AttributeError):
         return False
 

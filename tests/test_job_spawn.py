@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rq import proc
+from rq import proc, sched
 from rqtest import QueueProc, make_queue, process_gone, wait_for, write_script
 
 SCHED_GETATTR = {"x86_64": 315, "aarch64": 275}.get(os.uname().machine)
@@ -92,9 +92,9 @@ def test_s6_3_job_process_set_up(root: Path, tmp_path: Path, queues: list[QueueP
         assert info["autogroup"].split()[-1] == "19", info["autogroup"]
         assert info["autogroup"] != Path("/proc/self/autogroup").read_text()
     queue_slices = {time_slice(int(t)) for t in os.listdir(f"/proc/{queues[-1].popen.pid}/task")}
-    if queue_slices == {proc.SHORT_SLICE_NS}:  # a kernel with EEVDF slices (Linux >= 6.12)
+    if queue_slices == {sched.SHORT_SLICE_NS}:  # a kernel with EEVDF slices (Linux >= 6.12)
         # the queue's threads preempt a running job at once; the job has the default slice
-        assert info["slice"] == time_slice(os.getpid()) != proc.SHORT_SLICE_NS, info["slice"]
+        assert info["slice"] == time_slice(os.getpid()) != sched.SHORT_SLICE_NS, info["slice"]
     else:
         assert uname_release() < (6, 12), queue_slices
     assert int(info["sigblk"], 16) == 0                     # nothing blocked
