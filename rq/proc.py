@@ -198,7 +198,7 @@ def spawn_job(cmd: list[str], *, cwd: str, env: dict[str, str], stdio_log: str,
     # Python ignores SIGPIPE and SIGXFSZ; a job gets the default dispositions back.
     pid = os.posix_spawn(argv[0], argv, env, file_actions=actions, setsid=True,
                          setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
-    sched.set_time_slice(pid, 0)  # not the queue's short slice (rq.sched)
+    sched.set_time_slice(pid, 0, nice=19)  # not the queue's short slice (rq.sched); S6.3
     if _NICE is None:
         try:
             os.setpriority(os.PRIO_PROCESS, pid, 19)  # S6.3 nice 19; exec keeps it
