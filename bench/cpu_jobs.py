@@ -8,9 +8,10 @@ same client against the same queue PAUSEd, nothing running.  Printed: p50 / p99 
 in ms, and busy/idle of each p50.
 
 What it shows: whether the queue's threads get a CPU at once when a request or an
-fsync's end wakes them while jobs (at nice 19, S6.3) keep every CPU busy.  With the
-kernel's default time slice they waited for a running job's slice to end: ~8 ms a
-create on this 2-core machine against ~0.6 ms idle (docs/benchmarks.md).
+fsync's end wakes them while jobs (at nice 19, S6.3) keep every CPU busy.  On this 2-core
+machine (Linux 6.18, autogroup on) they wait for a running job's time slice to end: a
+create p50 ~3.8 ms against ~0.6 ms idle.  Two remedies were tried and not kept
+(docs/benchmarks.md, fourteenth session).
 
 `--src DIR` (repeatable) runs the same trials, interleaved, with the RQ of another
 checkout (a `git worktree` of an earlier commit, its rq/_spawn*.so copied in).

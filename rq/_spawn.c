@@ -20,9 +20,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
-#include <stdint.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -187,46 +185,6 @@ static void put_fd(int fd, int target)
     }
 }
 
-/* With autogroup scheduling (CONFIG_SCHED_AUTOGROUP, on by default in many
- * distributions) setsid() puts the job in a scheduling group of its own that
- * weighs as much as a nice 0 task: the job's nice 19 only ranks it inside that
- * group, and against the queue and everything else on the host it ran as if at
- * nice 0.  The group gets nice 19 too (S6.3).  Best effort: no autogroup (no
- * file), or the kernel's limit of one change per 100 ms for a caller without
- * CAP_SYS_ADMIN (EAGAIN), leaves it as it was. */
-static void autogroup_nice(void)
-{
-    int fd = open("/proc/self/autogroup", O_WRONLY | O_CLOEXEC);
-
-    if (fd >= 0) {
-        ssize_t done = write(fd, "19", 2);
-
-        (void)done;
-        close(fd);
-    }
-}
-
-/* The kernel's default time slice (EEVDF, Linux 6.12 and later), not the
- * short one the queue process asks for and vfork() passed on
- * (rq.sched), at nice 19.  Older kernels ignore the runtime. */
-static void default_slice(void)
-{
-#ifdef SYS_sched_setattr
-    struct {
-        uint32_t size, policy;
-        uint64_t flags;
-        int32_t nice;
-        uint32_t priority;
-        uint64_t runtime, deadline, period;
-    } attr;
-
-    memset(&attr, 0, sizeof attr);
-    attr.size = sizeof attr;  /* 48: the first version of struct sched_attr */
-    attr.nice = 19;
-    syscall(SYS_sched_setattr, 0, &attr, 0);
-#endif
-}
-
 __attribute__((noinline, noreturn)) static void child(struct job *j)
 {
     int fd;
@@ -245,8 +203,6 @@ __attribute__((noinline, noreturn)) static void child(struct job *j)
     dup2(j->write_fd, 3);   /* both are >= 10 and close-on-exec (rq.proc) */
     dup2(j->read_fd, 4);
     setpriority(PRIO_PROCESS, 0, 19);
-    default_slice();
-    autogroup_nice();
     reset_signals();
     if (chdir(j->cwd) != 0) {
         write_str(2, "RQ EXEC FAILED - cannot change to the job directory\n");

@@ -27,15 +27,11 @@ import time
 from dataclasses import dataclass
 from types import ModuleType
 
-from rq import sched
-
 # The wrapper runs as `sh -c WRAPPER rq-job DIR HEADER CMD...`.  fd 3 and 4
 # arrive already in place (posix_spawn dup2), every other descriptor is
 # close-on-exec.  `$$` is the job's pid: exec keeps it, so the header names the
 # process that runs the script, which also leads the job's process group.
 JOB_WRAPPER = (
-    # S6.3 nice 19 for the job's autogroup too (rq/_spawn.c autogroup_nice says why)
-    '{ echo 19 >/proc/self/autogroup; } 2>/dev/null; '
     'cd "$1" || exit 127; shift; '
     "printf '\\n%s - %s\\n' \"$$\" \"$1\"; shift; "
     'command -v "$1" >/dev/null 2>&1 || '
@@ -198,7 +194,6 @@ def spawn_job(cmd: list[str], *, cwd: str, env: dict[str, str], stdio_log: str,
     # Python ignores SIGPIPE and SIGXFSZ; a job gets the default dispositions back.
     pid = os.posix_spawn(argv[0], argv, env, file_actions=actions, setsid=True,
                          setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
-    sched.set_time_slice(pid, 0, nice=19)  # not the queue's short slice (rq.sched); S6.3
     if _NICE is None:
         try:
             os.setpriority(os.PRIO_PROCESS, pid, 19)  # S6.3 nice 19; exec keeps it

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from rq import client, proc, protocol, sched
+from rq import client, proc, protocol
 from rq.config import MainConfig, QueueConfig, load_queue_config
 from rq.errors import RQError
 from rq.fsops import FsOps, unlink_quiet
@@ -91,7 +91,6 @@ class QueueProcess:
     # ================================================================ lifecycle
     def run(self) -> int:
         """Start, serve until stopped, clean up: the whole life of the process."""
-        sched.set_time_slice(0, sched.SHORT_SLICE_NS)  # before any thread starts: they inherit it
         self.take_lock_file()
         self.write_pid_file()
         recover(self.state, self.leases)
