@@ -187,6 +187,12 @@ def check_ok(reply: Any) -> str:
     return reply[1]
 
 
+def percentile(sorted_values: list[float], p: float) -> float:
+    """Nearest-rank percentile (`p` in 0-100) of values already sorted."""
+    k = max(0, min(len(sorted_values) - 1, int(round(p / 100 * len(sorted_values) + 0.5)) - 1))
+    return sorted_values[k]
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 

@@ -30,7 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (QUEUE, QueueProc, add_common_args, bench_queue, check_ok,  # noqa: E402
-                    disk_probe, machine_line, median, new_root, temp_base, wait_for)
+                    disk_probe, machine_line, median, new_root, percentile, temp_base,
+                    wait_for)
 
 SPIN = f"""#!{sys.executable}
 import os, time
@@ -39,10 +40,6 @@ while time.monotonic() < end:
     pass
 os.write(3, b"done spun\\n")
 """
-
-
-def percentile(sorted_ms: list[float], p: float) -> float:
-    return sorted_ms[min(len(sorted_ms) - 1, int(len(sorted_ms) * p / 100))]
 
 
 def round_trips(q: QueueProc, n: int) -> dict[str, list[float]]:
@@ -58,8 +55,7 @@ def round_trips(q: QueueProc, n: int) -> dict[str, list[float]]:
 
 
 def running(q: QueueProc) -> int:
-    reply = q.call("num_messages")
-    return int((reply[1] if isinstance(reply, list) else reply).get("run", 0))
+    return int(q.call("num_messages")["run"])
 
 
 def trial(base: Path, label: str, n: int, workers: int, busy: bool,

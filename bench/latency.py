@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (QUEUE, BenchError, QueueProc, add_common_args, bench_queue,  # noqa: E402
-                    check_ok, disk_probe, machine_line, new_root, temp_base, wait_for)
+                    check_ok, disk_probe, machine_line, new_root, percentile, temp_base,
+                    wait_for)
 
 SCRIPT = '#!/bin/sh\necho go > "$RQ_PARAM1"\necho "done ok" >&3\n'
 TARGET_P50_MS = 3.0
@@ -54,12 +55,6 @@ def wait_line(fd: int, result: list[float]) -> None:
             result.append(now)
             return
         time.sleep(0.0005)  # a HUP without data: a writer that wrote nothing yet
-
-
-def percentile(sorted_values: list[float], p: float) -> float:
-    """Nearest-rank percentile."""
-    k = max(0, min(len(sorted_values) - 1, int(round(p / 100 * len(sorted_values) + 0.5)) - 1))
-    return sorted_values[k]
 
 
 def measure(base: Path, n: int, warmup: int) -> tuple[list[float], list[float]]:
