@@ -320,6 +320,7 @@ def test_same_millisecond_events_keep_their_file_order(spark: Any) -> None:
         ("run", 0.0), ("run", 0.0), ("wait", 0.0), ("wait", 0.0)]
 
 
+
 # ---------------------------------------------------------------- pure parts (no Spark)
 
 
@@ -365,6 +366,36 @@ def test_publish_swaps_current_and_keeps_five(tmp_path: Path) -> None:
         load.prune(out, 0.0)
     assert sorted(os.listdir(tmp_path / "out" / "runs")) == ids[-5:]
     assert os.readlink(tmp_path / "out" / "current") == os.path.join("runs", ids[-1])
+
+
+
+def test_fsync_tree_syncs_every_file_and_directory_and_raises_a_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    top = tmp_path / "tree"
+    paths = {str(top)}
+    for d in range(5):
+        for q in range(4):
+            part = top / f"day={d}" / f"src_queue=q{q}"
+            part.mkdir(parents=True)
+            paths |= {str(top / f"day={d}"), str(part)}
+            for name in ("part-0.parquet", ".part-0.parquet.crc"):
+                (part / name).write_bytes(b"x")
+                paths.add(str(part / name))
+    synced: list[str] = []
+    real = load.fsync_path
+    monkeypatch.setattr(load, "fsync_path", lambda p: (synced.append(p), real(p))[1])
+    load.fsync_tree(str(top))
+    assert sorted(synced) == sorted(paths)  # each once: 40 files, 26 directories
+    files = {p for p in paths if os.path.isfile(p)}
+    assert set(synced[:len(files)]) == files  # the files before any directory
+
+    def failing(path: str) -> None:  # an OS seam: one fsync fails (EIO)
+        if path.endswith("src_queue=q2/part-0.parquet") and "day=3" in path:
+            raise OSError(5, "Input/output error")
+        real(path)
+    monkeypatch.setattr(load, "fsync_path", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        load.fsync_tree(str(top))
 
 
 def test_output_must_be_local() -> None:

@@ -19,6 +19,7 @@ import os
 import secrets
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -177,33 +178,14 @@ def tree_bytes(path: str) -> int:
 def compact(spark: SparkSession, out: str,
             days: list[tuple[str, str, list[extract.EventFile]]]) -> list[str]:
     """Check and write `days` as Parquet, publish them in the manifest; their directories."""
-    records = {f.uri: manifest.source_record(extract.local_path(f.uri), f.size)
-               for _, _, day_files in days for f in day_files}
-    token = secrets.token_hex(4)
-    staging = os.path.join(manifest.compacted_dir(out), f".staging-{token}")
-    # One staging tree per events directory: two inputs may both have a day D, and each gets
-    # its own partition (and its own line counts).
-    trees = sorted({events_dir for events_dir, _, _ in days})
-    lines: dict[tuple[str, str], dict[str, int]] = {}
-    for i, tree in enumerate(trees):
-        tree_files = [f for ed, _, day_files in days if ed == tree for f in day_files
-                      if f.size > 0]
-        if not tree_files:
-            continue
-        target = os.path.join(staging, str(i))
-        checked = T.check_lines(extract.read_lines(spark, tree_files, with_file=True),
-                                ("file",))
-        staged = checked.select(*CHECKED_SCHEMA.fieldNames(),
-                                path_element(F.col("file"), 2).alias("day"),
-                                F.substring_index(path_element(F.col("file"), 1), ".", 1)
-                                .alias("src_queue"))
-        tree_days = sorted({day for ed, day, day_files in days if ed == tree
-                            and any(f.size > 0 for f in day_files)})
-        observed = Observation()
-        (staged.observe(observed, *day_sums(tree_days))
-         .write.partitionBy("day", "src_queue").parquet("file://" + target))
-        lines.update(((tree, day), counts) for day, counts
-                     in observed_line_counts(spark, target, observed.get).items())
+    # The source records (a SHA-256 of each file's listed prefix: 1.9 GB for 30 days of 10 M
+    # events, ~1.4 s) are hashed in a thread while the JVM plans and runs the write: during
+    # its planning one core would idle (docs/benchmarks.md, fifteenth session).
+    with ThreadPoolExecutor(1, "rq-hash") as pool:
+        hashed = pool.submit(source_records, days)
+        lines, staging, token = write_staged(spark, out, days)
+    records = hashed.result()
+    trees = events_dirs(days)
     os.makedirs(staging, exist_ok=True)
     book = manifest.load_manifest(out)
     replaced, made = [], []
@@ -231,6 +213,52 @@ def compact(spark: SparkSession, out: str,
         shutil.rmtree(os.path.join(out, rel), ignore_errors=True)
     shutil.rmtree(staging, ignore_errors=True)
     return made
+
+
+def events_dirs(days: list[tuple[str, str, list[extract.EventFile]]]) -> list[str]:
+    """The events directories of `days`, sorted: the staging trees' order (write_staged)."""
+    return sorted({events_dir for events_dir, _, _ in days})
+
+
+def source_records(days: list[tuple[str, str, list[extract.EventFile]]]
+                   ) -> dict[str, dict[str, Any]]:
+    """uri → manifest.source_record of every file of `days`."""
+    return {f.uri: manifest.source_record(extract.local_path(f.uri), f.size)
+            for _, _, day_files in days for f in day_files}
+
+
+def write_staged(spark: SparkSession, out: str,
+                 days: list[tuple[str, str, list[extract.EventFile]]]
+                 ) -> tuple[dict[tuple[str, str], dict[str, int]], str, str]:
+    """The checked lines of `days` written under a new staging directory, one tree per
+    events directory (`<staging>/<i>/day=D/src_queue=Q/`, i its index among the sorted
+    events directories): (line counts per (events dir, day), staging path, its token)."""
+    token = secrets.token_hex(4)
+    staging = os.path.join(manifest.compacted_dir(out), f".staging-{token}")
+    # One staging tree per events directory: two inputs may both have a day D, and each gets
+    # its own partition (and its own line counts).
+    trees = events_dirs(days)
+    lines: dict[tuple[str, str], dict[str, int]] = {}
+    for i, tree in enumerate(trees):
+        tree_files = [f for ed, _, day_files in days if ed == tree for f in day_files
+                      if f.size > 0]
+        if not tree_files:
+            continue
+        target = os.path.join(staging, str(i))
+        checked = T.check_lines(extract.read_lines(spark, tree_files, with_file=True),
+                                ("file",))
+        staged = checked.select(*CHECKED_SCHEMA.fieldNames(),
+                                path_element(F.col("file"), 2).alias("day"),
+                                F.substring_index(path_element(F.col("file"), 1), ".", 1)
+                                .alias("src_queue"))
+        tree_days = sorted({day for ed, day, day_files in days if ed == tree
+                            and any(f.size > 0 for f in day_files)})
+        observed = Observation()
+        (staged.observe(observed, *day_sums(tree_days))
+         .write.partitionBy("day", "src_queue").parquet("file://" + target))
+        lines.update(((tree, day), counts) for day, counts
+                     in observed_line_counts(spark, target, observed.get).items())
+    return lines, staging, token
 
 
 def path_element(path: Column, k: int) -> Column:

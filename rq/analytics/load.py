@@ -15,6 +15,7 @@ import re
 import secrets
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rq.analytics.session import AnalyticsError
@@ -23,6 +24,7 @@ KEEP = 5
 RUN_RE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{6}$")
 PARTIAL = ".partial"
 STALE_PARTIAL_S = 6 * 3600
+FSYNC_THREADS = 8
 
 
 def new_run_id(now: float) -> str:
@@ -70,11 +72,22 @@ def write_json(path: str, obj: Any) -> None:
 
 
 def fsync_tree(top: str) -> None:
-    """fsync every file, then every directory bottom-up (Spark's writer does neither)."""
-    for dirpath, _dirs, files in os.walk(top, topdown=False):
-        for name in files:
-            fsync_path(os.path.join(dirpath, name))
-        fsync_path(dirpath)
+    """fsync every file, then every directory (Spark's writer does neither); the caller
+    publishes the tree by a rename only after this returns.  The fsyncs run FSYNC_THREADS
+    at a time: they wait on the device, and concurrent ones share its cache flushes (a
+    compaction of 30 days is ~9,000 of them: 1.1 s one by one, docs/benchmarks.md)."""
+    files: list[str] = []
+    dirs: list[str] = []
+    for dirpath, _dirs, names in os.walk(top, topdown=False):
+        files += [os.path.join(dirpath, name) for name in names]
+        dirs.append(dirpath)
+    if len(files) + len(dirs) < 16:  # a few files: no threads for them
+        for path in files + dirs:
+            fsync_path(path)
+        return
+    with ThreadPoolExecutor(FSYNC_THREADS, "rq-fsync") as pool:
+        for batch in (files, dirs):
+            list(pool.map(fsync_path, batch))  # raises the first failure
 
 
 def publish(out: str, run_id: str) -> str:
