@@ -321,6 +321,35 @@ def test_same_millisecond_events_keep_their_file_order(spark: Any) -> None:
 
 
 
+@needs_spark
+def test_rows_come_back_as_the_values_a_row_collect_gives(spark: Any) -> None:
+    """T.rows crosses Py4J as JSON text: every kind of value the job collects must come back
+    as collect() gives it (decimals as exact ints, NaN and infinities as floats, nulls as
+    None, nested arrays of structs as lists of dicts, doubles bit for bit)."""
+    import math
+
+    from rq.analytics import transform as T
+    df = spark.sql(
+        "SELECT * FROM VALUES "
+        "('q', 1795888940.501D, CAST('NaN' AS DOUBLE), CAST('-Infinity' AS DOUBLE), "
+        " CAST(123456789012345678901234567890 AS DECIMAL(38,0)), 9007199254740993L, "
+        " CAST(NULL AS STRING), 0.1D + 0.2D, array(named_struct('k', 'x', 's', 1.5D))), "
+        "('r\"\\n\u00e9', 5E-324D, CAST(NULL AS DOUBLE), CAST('Infinity' AS DOUBLE), "
+        " CAST(0 AS DECIMAL(38,0)), -1L, 'é\t', 1.0D / 3, array()) "
+        "AS t(queue, ts, nan, inf, dec, big, text, sum3, spans)")
+    got = T.rows(df)
+    want = [r.asDict(recursive=True) for r in df.collect()]
+    assert [list(r) for r in got] == [list(r) for r in want]  # the columns, in order
+    for g, w in zip(got, want):
+        for c in w:
+            if isinstance(w[c], float) and math.isnan(w[c]):
+                assert isinstance(g[c], float) and math.isnan(g[c]), c
+            elif c == "dec":
+                assert type(g[c]) is int and g[c] == int(w[c]), c
+            else:
+                assert g[c] == w[c] and type(g[c]) is type(w[c]), c
+
+
 # ---------------------------------------------------------------- pure parts (no Spark)
 
 
