@@ -251,8 +251,8 @@ def rows(df: DataFrame) -> list[dict[str, Any]]:
     """Collect `df` to plain dicts (small aggregates only).  Each row crosses Py4J as one JSON
     text (to_json) decoded by the C parser: the first run's facts (256,000 rows) come ~1.6 s
     sooner than as Row objects turned into dicts (docs/benchmarks.md, fifteenth session).
-    Integers (decimals too) come back as int, doubles as float (Java writes the shortest text
-    that reads back as the same double), a null as None."""
+    Integers (decimals too) come back as int, doubles as float (Java's text of a double reads back
+    as the same double), a null as None."""
     names = df.columns
     doubles = [f.name for f in df.schema.fields if isinstance(f.dataType, (DoubleType, FloatType))]
     out = []
