@@ -610,6 +610,33 @@ def test_s6_5_dup_waits_for_a_target_rq_mgr_is_starting(tmp_path: Path) -> None:
     assert "/q/late/" in end["status"]
 
 
+def test_s6_5_dup_pings_again_a_target_that_came_up_after_its_ping(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race test_s6_5_dup_waits_for_a_target_rq_mgr_is_starting hit once in 90 runs: the
+    ping fails while the target is STARTING, the target comes up, and the status asked next
+    says RUNNING.  The dup must ping again, not fail `couldn't connect` (rq/queue/dup.py
+    COMING_UP).  The first ping is made to fail here, against a target already RUNNING."""
+    from webtest import running
+
+    from rq import client
+    from rq.queue import dup
+    root = make_root(tmp_path, port=free_port())
+    make_queue(root, "late", script=write_script(tmp_path / "late.sh", "#!/bin/sh\n"))
+    pings = []
+    real = dup.listening
+
+    def first_ping_lost(r: str, name: str) -> bool:
+        pings.append(name)
+        return len(pings) > 1 and real(r, name)
+
+    with running(root):
+        wait_for(lambda: client.call(client.mgr_socket(str(root)), "status")[1]["queues"]
+                 ["late"]["state"] == "RUNNING", 30, what="late RUNNING")
+        monkeypatch.setattr(dup, "listening", first_ping_lost)
+        assert dup.wait_listening(str(root), "late") is True
+        assert pings == ["late", "late"]
+
+
 def test_s6_5_dup_replies(root: Path, tmp_path: Path, dup_setup: dict[str, Any]) -> None:
     src, other = dup_setup["src"], dup_setup["other"]
     # a queue directory without a running process, and no directory at all

@@ -19,11 +19,13 @@ from rq.fsops import is_regular
 
 # A target rq-mgr reports as STARTING or BACKOFF is on its way up (all queues of a root start
 # together, so after a restart a re-run job may dup to a queue that is not listening yet):
-# the copy waits for it this long before `fail couldn't connect`.  A target nobody is
-# starting (no manager, stopped, FATAL) fails at once, as S6.5 says.
+# the copy waits for it this long before `fail couldn't connect`.  RUNNING counts too: the
+# target may have come up between the failed ping and the status (a test saw it once in 90
+# runs), so it is pinged again.  A target nobody is starting (no manager, stopped, FATAL)
+# fails at once, as S6.5 says.
 START_GRACE = 15.0
 START_POLL = 0.2
-COMING_UP = frozenset({"STARTING", "BACKOFF"})
+COMING_UP = frozenset({"STARTING", "BACKOFF", "RUNNING"})
 
 COPIED = ("orig_msg_id", "max_count", "src", "param1", "param2", "param3", "param4",
           "post_run_webhook")
@@ -67,7 +69,8 @@ def listening(root: str, name: str) -> bool:
 
 
 def coming_up(root: str, name: str) -> bool:
-    """Whether this root's rq-mgr is starting queue `name` (STARTING or BACKOFF)."""
+    """Whether this root's rq-mgr is starting queue `name` (STARTING or BACKOFF) or has just
+    started it (RUNNING: it may have come up since the ping that failed)."""
     try:
         reply = client.call(client.mgr_socket(root), "status", timeout=5)
         child = reply[1]["queues"].get(name) if reply[0] == "ok" else None
@@ -78,7 +81,8 @@ def coming_up(root: str, name: str) -> bool:
 
 def wait_listening(root: str, name: str) -> bool:
     """True once the target answers; waits up to START_GRACE only while rq-mgr says it is
-    coming up.  Runs on the job's helper thread (or a consumer's request), never the loop."""
+    coming up (or up).  Runs on the job's helper thread (or a consumer's request), never the
+    loop."""
     deadline = time.monotonic() + START_GRACE
     while not listening(root, name):
         if time.monotonic() >= deadline or not coming_up(root, name):
