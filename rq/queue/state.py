@@ -60,6 +60,8 @@ class QueueState:
         self.buckets_made: set[str] = set()     # hashdir buckets made ahead (D8)
         self.bucket_sync: list[str] = []        # their parents still to fsync
         self.bucket_retry_at = 0.0
+        self.buckets_for: tuple[int, tuple[str, ...]] | None = None  # (minute, states) made
+        self.buckets_jobs: set[str] = set()     # the job ids whose buckets are made
         self.pass_hooks: list[Callable[[float], None]] = []  # run first in every pass
         self.script_error: str | None = None
         self.retry_soon = False                 # a start failed on IO: pass again soon
@@ -177,10 +179,17 @@ class QueueState:
         done/, and relayed/ once this queue has relayed messages."""
         if mono < self.bucket_retry_at or not (self.jobs or self.index.que):
             return
-        wanted = {message.bucket(job_id) for job_id in self.jobs}
-        # the last minute too: a message created just before a minute ended
-        wanted |= {time.strftime("%Y%m%d/%H/%M", time.gmtime(now + d)) for d in (-60, 0, 60)}
         states = ("done", "relayed") if self.index.counts.get("relayed") else ("done",)
+        key = (int(now // 60), states)
+        new_jobs = [job_id for job_id in self.jobs if job_id not in self.buckets_jobs]
+        if key == self.buckets_for and not new_jobs and not self.bucket_sync:
+            return  # every pass of a busy queue: the same minute, no job since (issue 15)
+        wanted: set[str] = set()
+        if key != self.buckets_for:  # a new minute: its buckets, and every job's again
+            new_jobs = list(self.jobs)
+            # the last minute too: a message created just before a minute ended
+            wanted = {time.strftime("%Y%m%d/%H/%M", time.gmtime(now + d)) for d in (-60, 0, 60)}
+        wanted |= {message.bucket(job_id) for job_id in new_jobs}
         try:
             self.store.sync_dirs(self.bucket_sync)
             for state in states:
@@ -196,8 +205,13 @@ class QueueState:
             self.bucket_retry_at = mono + PASS_RETRY
             return
         self.bucket_retry_at = 0.0
+        self.buckets_for = key
+        self.buckets_jobs.intersection_update(self.jobs)  # the ended ones need no more
+        self.buckets_jobs.update(new_jobs)
         if len(self.buckets_made) > 256:  # the cleaner may remove old ones: forget them
-            self.buckets_made = {p for p in self.buckets_made if p.endswith(tuple(wanted))}
+            keep = tuple({time.strftime("%Y%m%d/%H/%M", time.gmtime(now + d)) for d in (-60, 0, 60)}
+                         | {message.bucket(job_id) for job_id in self.jobs})
+            self.buckets_made = {p for p in self.buckets_made if p.endswith(keep)}
 
     def start_job(self, item: QueItem) -> bool:
         """S6.1: move `item` into run/ for the loop to spawn; False when the
