@@ -39,6 +39,12 @@ COUNT_REFRESH = 60.0      # S7.3: counts reflect outside removals within 60 s
 PASS_RETRY = 5.0          # a failed bucket creation is tried again after this
 
 
+def minute_buckets(now: float) -> set[str]:
+    """The S3.2 buckets of the minutes around `now`: the last one too (a message created just
+    before a minute ended) and the next (made ahead)."""
+    return {time.strftime("%Y%m%d/%H/%M", time.gmtime(now + d)) for d in (-60, 0, 60)}
+
+
 class QueueState:
     def __init__(self, main: MainConfig, cfg: QueueConfig, fs: FsOps,
                  wake: Callable[[], None]) -> None:
@@ -187,8 +193,7 @@ class QueueState:
         wanted: set[str] = set()
         if key != self.buckets_for:  # a new minute: its buckets, and every job's again
             new_jobs = list(self.jobs)
-            # the last minute too: a message created just before a minute ended
-            wanted = {time.strftime("%Y%m%d/%H/%M", time.gmtime(now + d)) for d in (-60, 0, 60)}
+            wanted = minute_buckets(now)
         wanted |= {message.bucket(job_id) for job_id in new_jobs}
         try:
             self.store.sync_dirs(self.bucket_sync)
@@ -209,8 +214,7 @@ class QueueState:
         self.buckets_jobs.intersection_update(self.jobs)  # the ended ones need no more
         self.buckets_jobs.update(new_jobs)
         if len(self.buckets_made) > 256:  # the cleaner may remove old ones: forget them
-            keep = tuple({time.strftime("%Y%m%d/%H/%M", time.gmtime(now + d)) for d in (-60, 0, 60)}
-                         | {message.bucket(job_id) for job_id in self.jobs})
+            keep = tuple(minute_buckets(now) | {message.bucket(job_id) for job_id in self.jobs})
             self.buckets_made = {p for p in self.buckets_made if p.endswith(keep)}
 
     def start_job(self, item: QueItem) -> bool:
