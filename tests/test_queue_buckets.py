@@ -18,7 +18,6 @@ import pytest
 from rqtest import make_queue, make_root
 
 from rq import message
-
 from rq.config import load_main_config, load_queue_config
 from rq.fsops import FsOps
 from rq.queue import jobs as J
