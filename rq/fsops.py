@@ -415,6 +415,20 @@ def _exchange(src: str, dst: str) -> bool:
 # (outside the FsOps seam: reads, and clean-ups whose failure changes nothing)
 
 
+def remove_stale_temps(directory: str) -> None:
+    """Remove the temporary files of FsOps.write_file_atomic (`.BASE.tmpPID.TID`) that
+    another process left in `directory`, a crash mid-write; this process's own may be
+    being written right now and stay."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    mine = f".tmp{os.getpid()}."
+    for name in names:
+        if name.startswith(".") and ".tmp" in name and mine not in name:
+            unlink_quiet(os.path.join(directory, name))
+
+
 def unlink_quiet(path: str) -> None:
     """Remove a file if it can be removed; a failure (already gone, EIO) is
     ignored: every caller is cleaning up something it can live with."""

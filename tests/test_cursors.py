@@ -163,28 +163,52 @@ def test_issue18_a_cursor_stream_ends_after_too_many_unacked(
     assert payloads[-1][0] == "fail" and "3 events sent without an ack" in payloads[-1][1]
 
 
-def test_issue18_a_failed_state_write_refuses_the_ack_and_undoes_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_issue18_a_failed_state_write_refuses_the_ack_and_undoes_it(tmp_path: Path) -> None:
     """Fault at the OS seam (the state write): the ack is refused with one line,
     nothing of it stays in memory, and the same ack succeeds once the disk does."""
     import errno
 
+    from rq.fsops import FsOps
     from rq.mgr import cursors
-    book = cursors.CursorBook(str(tmp_path), lambda q: q)
+
+    class FullDisk(FsOps):
+        full = False
+
+        def write_file_private(self, path: str, data: bytes, *, sync: bool = True) -> None:
+            if self.full:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            super().write_file_private(path, data, sync=sync)
+
+    fs = FullDisk()
+    book = cursors.CursorBook(str(tmp_path), lambda q: q, fs)
     cursor = book.open("c", ["#"], {}, "20261126")
     first, second = cursor.stamp("20261126/q.jsonl", 10), cursor.stamp("20261126/q.jsonl", 20)
-
-    def full(path: str, data: bytes) -> None:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(cursors, "write_atomic", full)
+    fs.full = True
     with pytest.raises(Fail, match="^cursor c: cannot save its state: No space left on device$"):
         book.ack("c", second)
     assert (cursor.position, cursor.offsets, len(cursor.inflight)) == (0, {}, 2)
-    monkeypatch.undo()
+    assert os.listdir(tmp_path / "log" / "cursors") == ["c.cursor"]  # no temp file left
+    fs.full = False
     assert book.ack("c", second) == 2
     assert book.ack("c", first) == 2  # already acknowledged: a no-op
     state = decode_state((tmp_path / "log" / "cursors" / "c.cursor").read_bytes())
     assert state["offsets"] == {"20261126/q.jsonl": 20}
+
+
+def test_issue18_a_state_write_a_crash_cut_short_is_swept_at_the_next_start(
+        tmp_path: Path) -> None:
+    """The state is replaced through FsOps.write_file_atomic: a manager killed mid-write
+    leaves its temporary file, which the next manager's CursorBook removes; the cursor
+    itself keeps its last saved state."""
+    from rq.mgr.cursors import CursorBook
+    book = CursorBook(str(tmp_path), lambda q: q)
+    cursor = book.open("c", ["#"], {}, "20261126")
+    book.ack("c", cursor.stamp("20261126/q.jsonl", 10))
+    cdir = tmp_path / "log" / "cursors"
+    (cdir / ".c.cursor.tmp99999.1").write_bytes(b'{"crc32":"0000')  # the cut-short write
+    again = CursorBook(str(tmp_path), lambda q: q)
+    assert os.listdir(cdir) == ["c.cursor"]
+    assert again.open("c", None, {}, "20261126").offsets == {"20261126/q.jsonl": 10}
 
 
 def test_issue18_a_well_framed_state_with_bad_fields_is_corrupt_not_a_crash(

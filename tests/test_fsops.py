@@ -135,3 +135,19 @@ def test_write_file_private_over_a_longer_file_leaves_only_the_new_bytes(tmp_pat
     assert path.read_bytes() == b"short"
     FsOps().write_file_private(str(path), b"")
     assert path.read_bytes() == b""
+
+
+def test_remove_stale_temps_removes_other_processes_temp_files_only(tmp_path: Path) -> None:
+    """S0.3.1: a crash mid-write leaves write_file_atomic's `.BASE.tmpPID.TID`; the next
+    owner of the directory removes those of other processes, never its own (being
+    written right now) nor the files themselves (rq-mgr's fan-out journals and cursors)."""
+    from rq.fsops import remove_stale_temps
+    fs = FsOps()
+    fs.write_file_atomic(str(tmp_path / "c.cursor"), b"kept\n", sync=True)
+    stale = tmp_path / ".c.cursor.tmp1.2"
+    stale.write_bytes(b"half")
+    own = tmp_path / f".d.cursor.tmp{os.getpid()}.{threading.get_ident()}"
+    own.write_bytes(b"in flight")
+    remove_stale_temps(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted([own.name, "c.cursor"])
+    remove_stale_temps(str(tmp_path / "missing"))  # no directory yet: nothing to do

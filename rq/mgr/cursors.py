@@ -42,6 +42,7 @@ from typing import Any
 
 from rq import protocol, topics
 from rq.errors import Fail
+from rq.fsops import FsOps, remove_stale_temps
 
 log = logging.getLogger(__name__)
 
@@ -87,25 +88,6 @@ def decode_state(data: bytes) -> dict[str, Any]:
             or not isinstance(payload.get("from_day"), str):
         raise ValueError("missing fields")
     return payload
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Temp file, fsync, rename over `path`, fsync the directory: a crash leaves
-    the old state or the new one, never a mix."""
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, "." + os.path.basename(path) + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    dfd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def count_lines(path: str, start: int) -> int:
@@ -160,9 +142,11 @@ class CursorBook:
     """Every cursor of a root, loaded on first use; one lock for all of them
     (they are few and each write is one small file)."""
 
-    def __init__(self, root: str, topic_of: Any) -> None:
+    def __init__(self, root: str, topic_of: Any, fs: FsOps | None = None) -> None:
         self.root = root
+        self.fs = fs or FsOps()            # the manager's file-operation seam
         self.dir = os.path.join(root, "log", "cursors")
+        remove_stale_temps(self.dir)       # what a crash mid-save left
         self.events = os.path.join(root, "log", "events")
         self.topic_of = topic_of           # queue name -> topic (events_hub.TopicMap)
         self.lock = threading.RLock()
@@ -204,7 +188,8 @@ class CursorBook:
         if days:  # (never on a failed listing: every offset would go)
             cursor.offsets = {rel: off for rel, off in cursor.offsets.items() if rel[:8] in days}
         os.makedirs(self.dir, exist_ok=True)
-        write_atomic(self.path(cursor.name), encode_state(cursor.payload()))
+        self.fs.write_file_atomic(self.path(cursor.name), encode_state(cursor.payload()),
+                                  sync=True)
 
     # ------------------------------------------------------------ the verbs
 

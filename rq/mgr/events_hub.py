@@ -41,6 +41,7 @@ from rq import protocol, topics
 from rq.config import load_queue_config
 from rq.errors import ConfigError, Fail
 from rq.events import decode_line
+from rq.fsops import FsOps
 from rq.mgr.cursors import CursorBook
 
 log = logging.getLogger(__name__)
@@ -246,12 +247,12 @@ class Subscriber:
 class EventHub:
     """Follows the event log and serves subscriptions; `start`/`stop` with the manager."""
 
-    def __init__(self, root: str, *, poll: float = POLL_SECONDS) -> None:
+    def __init__(self, root: str, *, poll: float = POLL_SECONDS, fs: FsOps | None = None) -> None:
         self.root = root
         self.base = os.path.join(root, "log", "events")
         self.poll = poll
         self.topics = TopicMap(root)
-        self.cursors = CursorBook(root, TopicMap(root).topic)  # issue 18 item 3
+        self.cursors = CursorBook(root, TopicMap(root).topic, fs)  # issue 18 item 3
         self.offsets: dict[str, int] = {}   # path -> bytes dispatched
         self.follow_from = day_name(time.time() - DAY)
         self.subscribers: set[Subscriber] = set()

@@ -46,7 +46,7 @@ from typing import Any
 from rq import client, protocol
 from rq.config import load_queue_config
 from rq.errors import ConfigError, ConnectError, Fail, NoReply
-from rq.fsops import FsOps, unlink_quiet
+from rq.fsops import FsOps, remove_stale_temps
 from rq.install import BUILTIN_QUEUES
 from rq.message import normalize_input
 from rq.store import new_msg_id
@@ -255,14 +255,11 @@ class Fanout:
         return left
 
     def journal_ids(self) -> list[str]:
+        remove_stale_temps(self.dir)  # a crashed manager's half-written journals
         try:
             names = os.listdir(self.dir)
         except FileNotFoundError:
             return []
-        mine = f".tmp{os.getpid()}."  # this manager's are being written right now
-        for name in names:  # a write_file_atomic temporary file of a crashed manager
-            if name.startswith(".") and ".tmp" in name and mine not in name:
-                unlink_quiet(os.path.join(self.dir, name))
         return sorted(n[:-5] for n in names if n.endswith(".json") and not n.startswith("."))
 
     # ------------------------------------------------------------ helpers

@@ -68,7 +68,7 @@ class Manager:
         self.loop: Loop | None = None
         self.server: Rq1Server | None = None
         self.calls = LoopCalls(self.wake)  # from socket threads (rq.mgr.commands)
-        self.events_hub = EventHub(root)  # S8.8 subscriptions
+        self.events_hub = EventHub(root, fs=self.fs)  # S8.8 subscriptions
         self.spawner = Spawner(root, self.env)  # forks queue processes when it can (issue 17)
 
     # ------------------------------------------------------------ start-up (S2.2)
