@@ -131,7 +131,9 @@ def test_issue15_stdin_one_id_per_line_in_order(site: tuple[Path, str], transpor
 @pytest.mark.parametrize("transport", ["socket", "http"])
 @pytest.mark.parametrize("bad, error", [
     ('{"due": "soon"}', "invalid due value"),
-    ('{"param1": ', "not a JSON object"),
+    ('{"param1": ', "invalid JSON: Expecting value at column 12"),
+    ('{param1: "x"}',
+     "invalid JSON: Expecting property name enclosed in double quotes at column 2"),
 ])
 def test_issue15_stdin_stops_at_the_first_refused_line(site: tuple[Path, str], transport: str,
                                                        bad: str, error: str) -> None:

@@ -106,15 +106,14 @@ def wait(inv: Invocation) -> int:
 
 
 def line_message(text: str, defaults: dict[str, Any]) -> dict[str, Any]:
-    """One input line as message fields; CliError for a `{` line that is not a JSON object."""
+    """One input line as message fields; CliError for a `{` line that is not a JSON object,
+    naming what is wrong and where (a line is one JSON text: its column, not its line)."""
     if text.lstrip().startswith("{"):
         try:
             obj = json.loads(text)
-        except ValueError:
-            obj = None
-        if not isinstance(obj, dict):
-            raise CliError("not a JSON object")
-        return {**defaults, **obj}
+        except json.JSONDecodeError as exc:
+            raise CliError(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
+        return {**defaults, **obj}  # a JSON text that starts with `{` is an object
     return {**defaults, "param1": text}
 
 
