@@ -106,7 +106,7 @@ def wait(inv: Invocation) -> int:
 
 
 def line_message(text: str, defaults: dict[str, Any]) -> dict[str, Any]:
-    """One input line as message fields; CliError for a `{` line that is not a JSON object,
+    """One input line as message fields; CliError for a `{` line that is not valid JSON,
     naming what is wrong and where (a line is one JSON text: its column, not its line)."""
     if text.lstrip().startswith("{"):
         try:
