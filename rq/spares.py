@@ -22,9 +22,11 @@ spare slower the longer it ran (a job's spares cost ~0.1 ms of kernel time
 on fresh directories, 1.5-3 ms after a few thousand jobs).
 
 A `msg` spare is made durable before it is handed out (its directory is
-fsynced, so the `msg` entry is on disk; the spares of a batch share that
-journal commit): once its msg is written and fsynced, the rename into prep/
-and the fsync of que/ at commit are all a durable create needs.  The other
+fsynced, so the `msg` entry is on disk): once its msg is written and fsynced,
+the rename into prep/ and the fsync of que/ at commit are all a durable
+create needs.  With a journal the fsyncs of a batch share one commit; without
+one (ext4 here) each writes its own directory, ~0.1 ms of wall time apiece on
+this thread, off the request path (docs/benchmarks.md, eighteenth session).  The other
 kinds hold no data and need no fsync.  A crash may leave or lose some spares;
 `reset()` at queue start clears whatever is there.  A failure to make spares
 (a full disk, a read-only queue) only means allocate falls back to `mkdir`.
@@ -50,7 +52,7 @@ DIRNAME = ".spare"
 # (the temporary file of a small atomic write: pid, proc.json, status)
 KINDS = {"msg": "msg", "job": "stdio.log", "file": ""}
 DURABLE = {"msg"}      # kinds whose directory is fsynced before use
-SYNC_BATCH = 8         # durable spares made per shared fsync
+SYNC_BATCH = 8         # durable spares fsynced, then published together
 LOW, HIGH = 8, 32      # refill when fewer than LOW are ready, up to HIGH
 KEEP = 2 * HIGH        # recycled files kept at most; beyond that they are deleted
 RETRY_AFTER = 5.0      # seconds to wait after a failure to make one
@@ -145,8 +147,9 @@ class Spares:
 
     def _make_all(self, wanted: list[str]) -> None:
         """Make `wanted`; each is usable as soon as it is made, a durable kind
-        once its batch's directories are fsynced (the first fsync commits the
-        whole batch; the others find nothing left to write)."""
+        once its batch's directories are fsynced (with a journal the first
+        fsync commits the whole batch; without one each fsync writes its own
+        directory)."""
         unsynced: list[str] = []
         for i, kind in enumerate(wanted):
             path = self._make(kind)
