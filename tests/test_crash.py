@@ -31,6 +31,7 @@ from rq import client
 from rq.errors import RQError
 from rq.fsck import check_root
 from rq.message import bucket
+from rq.mgr import pidfile
 from rqtest import REPO, free_port, make_queue, make_root, read_events, wait_for, write_script
 from webtest import web_pid
 
@@ -147,7 +148,12 @@ def kill_once(kind: str, root: Path, rng: random.Random, killed_jobs: set[str]) 
         return False
     if kind == "mgr":
         # The queue process sees its lifeline close and stops gracefully; a
-        # new manager starts at once (the stale pid file must not stop it).
+        # new manager starts as soon as the killed one is gone (the stale pid
+        # file must not stop it).  SIGKILL takes effect when the process next
+        # leaves the kernel (an fsync, say): until then it is still a live
+        # manager of this root, and `start` rightly refuses (seen once in CI).
+        wait_for(lambda: not pidfile.is_manager_of(pid, str(root)), 30, interval=0.01,
+                 what="the killed rq-mgr to exit")
         result = mgr(root, "start")
         assert result.returncode == 0, result.stderr
     return True
