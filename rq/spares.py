@@ -27,12 +27,13 @@ the rename into prep/ and the fsync of que/ at commit are all a durable
 create needs.  With a journal the fsyncs of a batch share one commit; without
 one (ext4 here) each writes its own directory, ~0.1 ms of wall time apiece
 on this thread, off the request path (docs/benchmarks.md, eighteenth
-session).  The other kinds hold no data and need no fsync.  A crash may leave or lose some spares;
-`reset()` at queue start clears whatever is there.  A failure to make spares
-(a full disk, a read-only queue) only means allocate falls back to `mkdir`.
-Spare-making does not go through the file-operation seam's counters (a
-background thread would make injected-fault sequences nondeterministic);
-fault-injection runs use no spares unless a test asks for them.
+session).  The other kinds hold no data and need no fsync.  A crash may
+leave or lose some spares; `reset()` at queue start clears whatever is
+there.  A failure to make spares (a full disk, a read-only queue) only means
+allocate falls back to `mkdir`.  Spare-making does not go through the
+file-operation seam's counters (a background thread would make
+injected-fault sequences nondeterministic); fault-injection runs use no
+spares unless a test asks for them.
 """
 
 from __future__ import annotations
