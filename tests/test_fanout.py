@@ -290,10 +290,13 @@ def test_issue18_fanout_crash_while_aborting(tmp_path: Path) -> None:
     # the two copies are aborted at once: one is gone, the other (unless its abort, in
     # flight at the kill, ended first) still in prep; vc never had one
     assert sum(len(copies(root, name)) for name in TARGETS) <= 1 and copies(root, "vc") == {}
+    stale = root / "fanout" / ".f1.json.tmp1.2"  # a journal write another crash cut short
+    stale.write_text('{"queues": [')
     mgr = Mgr(root)
     try:
         wait_for(lambda: journals(root) == [], 60, what="the fan-out journal to be finished")
         assert {name: copies(root, name) for name in TARGETS} == {n: {} for n in TARGETS}
+        wait_for(lambda: not stale.exists(), 30, what="the stale journal temp to be swept")
     finally:
         mgr.stop()
 

@@ -226,6 +226,7 @@ class Fanout:
         threading.Thread(target=self._recover_loop, name="rq-fanout", daemon=True).start()
 
     def _recover_loop(self) -> None:
+        remove_stale_temps(self.dir)  # a crashed manager's half-written journals, once
         while True:
             try:
                 left = self.recover_once()
@@ -255,7 +256,6 @@ class Fanout:
         return left
 
     def journal_ids(self) -> list[str]:
-        remove_stale_temps(self.dir)  # a crashed manager's half-written journals
         try:
             names = os.listdir(self.dir)
         except FileNotFoundError:
