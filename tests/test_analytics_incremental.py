@@ -400,6 +400,24 @@ def test_carried_state_across_runs(spark: Any, first_run: FirstRun) -> None:
 
 
 @needs_spark
+def test_stored_value_tables_are_sorted_by_the_column_their_readers_select_on(
+        spark: Any, first_run: FirstRun) -> None:
+    """values_h by hour and values_b by bucket, file by file (rq.analytics.stored): a new
+    hour's run reads a few hours and buckets of them, and skips the row groups whose min/max
+    rule them out."""
+    first_run.restore()
+    facts_dir = manifest.facts_path(str(first_run.out), manifest.load_manifest(
+        str(first_run.out)))
+    assert facts_dir
+    for table, key in (("values_h", "hour"), ("values_b", "b")):
+        files = sorted((Path(facts_dir) / table).glob("part-*.parquet"))
+        assert files, table
+        for f in files:
+            got = [r[key] for r in spark.read.parquet(str(f)).select(key).collect()]
+            assert len(set(got)) > 1 and got == sorted(got), (table, f.name)
+
+
+@needs_spark
 def test_facts_of_another_version_are_written_again(spark: Any, first_run: FirstRun) -> None:
     """Stored facts of another version (another bucket function, say) are never added to:
     the next run writes them again from the state, removes the old ones, and gives the same
