@@ -242,9 +242,11 @@ def incremental_messages(spark: Any, opts: Options, out: str, now: float, clock:
     figures = state.Figures()
     windowed = opts.since is not None or opts.until is not None
     path = None
+    written: list[Any] = []  # the totals of the facts written by this run, if any
     if not windowed:  # the state covers whole trees: only unwindowed runs keep it up to date
         path, figures.state = state.maintain(
-            spark, out, book, dirs, lambda rows, dest: stored.write_facts(spark, rows, dest))
+            spark, out, book, dirs,
+            lambda rows, dest: written.append(stored.write_facts(spark, rows, dest)))
     elif state.usable(book.get("state"), dirs, plan.trees, opts.since, opts.until):
         path = state.state_path(out, book)
         figures.state = "kept" if path else "none"
@@ -268,7 +270,8 @@ def incremental_messages(spark: Any, opts: Options, out: str, now: float, clock:
     part = Part(None, lambda: lines, compaction, stages)
     compaction["tables"] = "facts" if path and facts_dir else "messages"
     if path and facts_dir:
-        carried = stored.run_carried(spark, out, dirs, raw, path, facts_dir, figures)
+        carried = stored.run_carried(spark, out, dirs, raw, path, facts_dir, figures,
+                                     written[-1] if written else None)
         part.totals = carried.totals
         part.values_b, part.write_messages = carried.values_b, carried.write_messages
     else:

@@ -157,7 +157,7 @@ def update(spark: SparkSession, out: str, old: DataFrame, covered: list[str],
 
 
 def maintain(spark: SparkSession, out: str, book: dict[str, Any], dirs: list[str],
-             write_facts: Callable[[str, str], None]) -> tuple[str | None, str]:
+             write_facts: Callable[[str, str], object]) -> tuple[str | None, str]:
     """Bring the state up to date with the compacted days `dirs` (relative to `out`, every
     day of the run's trees), and its facts with it (`write_facts(state dir, dest)`,
     rq.analytics.stored); the caller holds manifest.locked(out).  Returns (state path, what
