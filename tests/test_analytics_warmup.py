@@ -24,8 +24,8 @@ import pytest
 from rqtest import REPO, make_root, wait_for
 
 from rq.analytics import compact, manifest
-from rq.analytics.session import (PARQUET_WEIGHT, THROUGHPUT_OPTIONS, TINY_BYTES, TINY_CONF,
-                                  WARMUP_BYTES, WARMUP_OPTIONS, default_conf,
+from rq.analytics.session import (LOCAL_CONF, PARQUET_WEIGHT, THROUGHPUT_OPTIONS, TINY_BYTES,
+                                  TINY_CONF, WARMUP_BYTES, WARMUP_OPTIONS, default_conf,
                                   driver_java_options)
 from rq.events import encode_event
 
@@ -83,6 +83,18 @@ def test_tiny_local_inputs_are_evaluated_interpreted_without_adaptive_plans(tmp_
         assert not tiny(master, TINY_BYTES)
         assert not tiny(master, None)  # size unknown
     assert not tiny("spark://127.0.0.1:7077", 10) and not tiny("yarn", 10)
+
+
+def test_local_masters_cache_tables_unencoded() -> None:
+    """LOCAL_CONF: the driver's heap holds the cached tables of a local run as they are;
+    a cluster's executors keep Spark's encoded cache."""
+    key = "spark.sql.inMemoryColumnarStorage.compressed"
+    assert LOCAL_CONF == {key: "false"}
+    for master in ("local[*]", "local[2]", "local"):
+        for size in (None, 10, TINY_BYTES, 1 << 40):
+            assert default_conf(master, "/tmp/x", size)[key] == "false", (master, size)
+    for master in ("spark://127.0.0.1:7077", "yarn"):
+        assert key not in default_conf(master, "/tmp/x", 10)
 
 
 def write_day(events_dir: Path, day: str, sizes: dict[str, int]) -> None:

@@ -142,6 +142,14 @@ TINY_CONF = {"spark.sql.codegen.wholeStage": "false",
              "spark.sql.adaptive.enabled": "false"}
 
 
+# Cached tables (the facts' value rows, a full run's message table) kept as they are rather
+# than encoded column by column: in local mode the driver's heap is a quarter of the RAM and
+# holds them either way, and encoding them was a tenth of the facts' query (its statistics
+# gathered value by value): 13.4 against 14.6-15.1 s over 10 M events' state, warm
+# (docs/benchmarks.md, nineteenth session).  A cluster's executors keep Spark's default.
+LOCAL_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
+
+
 def default_conf(master: str, tmpdir: str, input_bytes: int | None = None,
                  user_default: str = "") -> dict[str, str]:
     """The quiet, fast configuration (SPARK.md); `--conf` values override it.  `input_bytes`
@@ -173,6 +181,7 @@ def default_conf(master: str, tmpdir: str, input_bytes: int | None = None,
         # input after 128 keys by default; the hourly percentiles have ~100 queues x 720 hours.
         "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "1000000",
         "spark.log.level": "ERROR",
+        **(LOCAL_CONF if master.startswith("local") else {}),
         **(TINY_CONF if small_local(master, input_bytes, TINY_BYTES) else {}),
         **(loopback if is_loopback(master) else {}),
     }
