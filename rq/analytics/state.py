@@ -198,7 +198,7 @@ def maintain(spark: SparkSession, out: str, book: dict[str, Any], dirs: list[str
     return os.path.join(out, rel), how
 
 
-def stage(out: str, write: Callable[[str], None], name: str) -> str:
+def stage(out: str, write: Callable[[str], object], name: str) -> str:
     """`write(dir)` into a staging directory, fsynced and renamed to compacted/<name>;
     returns that path relative to `out`."""
     top = manifest.compacted_dir(out)
