@@ -3,11 +3,12 @@
 Owns: atomic file writes (temp file in the same directory, fsync, rename,
 fsync of the directory), directory fsyncs, publishing renames that refuse to
 clobber (renameat2 RENAME_NOREPLACE), hard links with a copy fallback across
-filesystems, and removals.  `store`, `events`, `mgr` and `install` call these
-instead of `os` directly, so a test can swap in `FaultyFsOps` (chosen from the
-`RQ_FS_FAULTS` environment variable in a daemon's `main()`) to fail any one
-operation with EIO or ENOSPC and check that no "ok" is ever sent for data that
-is not durable.
+filesystems, removals, and the create journal's appends and syncfs.  `store`,
+`events`, `mgr` and `install` call these instead of `os` directly, so a test can
+swap in a double of rq.fsseams (chosen from the `RQ_FS_FAULTS` or `RQ_FS_RECORD`
+environment variable in a daemon's `main()`) to fail any one operation with EIO
+or ENOSPC and check that no "ok" is ever sent for data that is not durable, or
+to record every operation for the power-loss model.
 
 It knows nothing about messages or queues.
 """
@@ -22,7 +23,6 @@ import os
 import shutil
 import stat
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +30,7 @@ from rq import fsrecord
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _renameat2 = getattr(_libc, "renameat2", None)
+_syncfs = _libc.syncfs
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
@@ -42,6 +43,10 @@ class FsOps:
     # a background thread making them would make injected-fault sequences
     # nondeterministic, so FaultyFsOps turns them off unless a plan asks.
     spares = True
+    # Seconds a create journal (rq.queue.journal) waits before it settles on its own;
+    # None: only when asked (a delete, a stop), so that a fault plan's operation
+    # numbers do not depend on timing.
+    settle_delay: float | None = 1.0
 
     def __init__(self) -> None:
         self._group_cond = threading.Condition()
@@ -156,6 +161,35 @@ class FsOps:
         self.op("append")
         os.write(fd, data)
 
+    # -- the create journal (rq.queue.journal)
+    def create_log(self, path: str) -> int:
+        """A new, empty file for appending; its descriptor (O_APPEND, close-on-exec)."""
+        self.op("write")
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC,
+                       0o600)
+
+    def append_log(self, fd: int, data: bytes) -> None:
+        """Append `data` to a file of create_log (not yet durable: sync_log)."""
+        self.op("write")
+        _write_all(fd, data)
+
+    def sync_log(self, fd: int) -> None:
+        """fdatasync: the appends so far are on stable storage."""
+        self.op("fsync")
+        os.fdatasync(fd)
+
+    def syncfs(self, path: str) -> None:
+        """Everything written to the filesystem holding `path` is on stable storage
+        (syncfs(2)): the names and contents of every file, fsynced or not."""
+        self.op("syncfs")
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if _syncfs(fd) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), path)
+        finally:
+            os.close(fd)
+
     # -- directories
     def mkdir(self, path: str, mode: int = 0o755) -> None:
         self.op("mkdir")
@@ -228,157 +262,14 @@ class FsOps:
         shutil.rmtree(path)
 
 
-class FaultyFsOps(FsOps):
-    """Fails chosen operations: `plan` maps op name to {call number: errno}, or
-    delays them: {call number: seconds} (a float).
-
-    Call numbers count from 1 per op name; `0` as the call number fails every
-    call.  Example plan text (RQ_FS_FAULTS): `fsync:3:EIO,rename:2:ENOSPC`.
-    """
-
-    def __init__(self, plan: Mapping[str, Mapping[int, int | float]], record: str | None = None,
-                 *, spares: bool = False) -> None:
-        super().__init__()
-        self.spares = spares
-        self.plan = {k: dict(v) for k, v in plan.items()}
-        self.counts: dict[str, int] = {}
-        self._lock = threading.Lock()
-        self._record = open(record, "a", buffering=1) if record else None
-
-    def close(self) -> None:
-        if self._record is not None:
-            self._record.close()
-            self._record = None
-
-    def op(self, name: str) -> None:
-        with self._lock:
-            n = self.counts.get(name, 0) + 1
-            self.counts[name] = n
-            if self._record is not None:
-                self._record.write(f"{name} {n}\n")
-        faults = self.plan.get(name)
-        if not faults:
-            return
-        err = faults.get(n, faults.get(0))
-        if isinstance(err, float):
-            time.sleep(err)
-        elif err:
-            raise OSError(err, f"injected {os.strerror(err)} on {name} #{n}")
-
-
-class RecordingFsOps(FsOps):
-    """The real filesystem, with every operation also appended, as the
-    primitive effects it had, to an operation log (rq.fsrecord: the
-    power-loss test replays it).  One lock is held across each operation and
-    its log line, so the log order is the order the operations took effect in
-    this process; it serialises the fsyncs of concurrent threads, a cost only
-    tests pay.  No spares: their thread works outside the seam."""
-
-    spares = False
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self.log = fsrecord.OpLog(path)
-        self._rec = threading.RLock()
-
-    def replace(self, tmp: str, path: str, *, keep_old: bool = False) -> bool:
-        with self._rec:  # keep_old needs a spare: never asked here, so a plain rename
-            super().replace(tmp, path)
-            self.log.add("rename", src=tmp, dst=path)
-        return False
-
-    def write_file_private(self, path: str, data: bytes, *, sync: bool = True) -> None:
-        with self._rec:
-            super().write_file_private(path, data, sync=False)
-            self.log.add("write", path=path, data=data)
-        if sync:
-            self.fsync_file(path)
-
-    def fsync_file(self, path: str) -> None:
-        with self._rec:
-            self.op("fsync")
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)  # flushes the inode's data whichever descriptor asks
-            finally:
-                os.close(fd)
-            self.log.add("fsync", path=path)
-
-    def fsync_dir(self, path: str) -> None:
-        with self._rec:
-            super().fsync_dir(path)
-            self.log.add("fsyncdir", path=path)
-
-    def append(self, fd: int, data: bytes) -> None:
-        with self._rec:
-            super().append(fd, data)
-            self.log.add("append", path=os.readlink(f"/proc/self/fd/{fd}"), data=data)
-
-    def mkdir(self, path: str, mode: int = 0o755) -> None:
-        with self._rec:
-            super().mkdir(path, mode)
-            self.log.add("mkdir", path=path)
-
-    def rename_noreplace(self, src: str, dst: str) -> None:
-        with self._rec:
-            super().rename_noreplace(src, dst)
-            self.log.add("rename", src=src, dst=dst)
-
-    def rename(self, src: str, dst: str) -> None:
-        with self._rec:
-            super().rename(src, dst)
-            self.log.add("rename", src=src, dst=dst)
-
-    def link_or_copy(self, src: str, dst: str, *, allow_copy: bool = True) -> bool:
-        with self._rec:
-            copied = super().link_or_copy(src, dst, allow_copy=allow_copy)
-            if copied:
-                with open(dst, "rb") as fh:
-                    self.log.add("write", path=dst, data=fh.read())
-                self.log.add("fsync", path=dst)
-            else:
-                self.log.add("link", src=src, dst=dst)
-        return copied
-
-    def unlink(self, path: str) -> None:
-        with self._rec:
-            super().unlink(path)
-            self.log.add("unlink", path=path)
-
-    def rmtree(self, path: str) -> None:
-        with self._rec:
-            super().rmtree(path)
-            self.log.add("rmtree", path=path)
-
-
-def parse_fault_plan(text: str) -> tuple[dict[str, dict[int, int | float]], str | None]:
-    """`OP:NTH:ERRNO,...` plus an optional `record=PATH` item that appends
-    `OP N` for every operation to PATH (so a test can learn the sequence).  `SLOWms`
-    instead of an errno delays the operation by ms milliseconds (a slow disk), then does it."""
-    plan: dict[str, dict[int, int | float]] = {}
-    record = None
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        if item.startswith("record="):
-            record = item[len("record="):]
-            continue
-        if item == "spares":  # keep rq.spares on (see FsOps.spares)
-            plan.setdefault("spares", {})
-            continue
-        name, nth, err = item.split(":")
-        plan.setdefault(name, {})[int(nth)] = (int(err[4:]) / 1000 if err.startswith("SLOW")
-                                               else getattr(errno, err))
-    return plan, record
-
-
 def from_environment(env: Mapping[str, str]) -> FsOps:
     """The FsOps a daemon's main() uses: faulty only when RQ_FS_FAULTS is set,
-    recording (the power-loss test) only when RQ_FS_RECORD names a log."""
-    text = env.get("RQ_FS_FAULTS", "")
-    if not text:
-        log = env.get(fsrecord.ENV, "")
-        return RecordingFsOps(log) if log else FsOps()
-    plan, record = parse_fault_plan(text)
-    return FaultyFsOps(plan, record, spares=plan.pop("spares", None) is not None)
+    recording (the power-loss test) only when RQ_FS_RECORD names a log; their
+    module (rq.fsseams) is imported only then."""
+    if env.get("RQ_FS_FAULTS") or env.get(fsrecord.ENV):
+        from rq import fsseams
+        return fsseams.from_environment(env)
+    return FsOps()
 
 
 def md5_file(path: str) -> tuple[str, int]:

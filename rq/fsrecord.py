@@ -1,6 +1,6 @@
 """The operation log of the power-loss test (issue 13): what hit the kernel, in order.
 
-Owns the log format only.  `fsops.RecordingFsOps` (chosen by `RQ_FS_RECORD=PATH`
+Owns the log format only.  `fsseams.RecordingFsOps` (chosen by `RQ_FS_RECORD=PATH`
 in a daemon's main(), tests only) performs each spool file operation and then
 appends the primitive effects it had, one JSON object per line:
 

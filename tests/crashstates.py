@@ -16,6 +16,7 @@ what a crash keeps (in the spirit of ALICE, Pillai et al., OSDI 2014):
   object was not where it acted in that state (a rename of a directory whose creation was
   lost), or that needs a lost one (a rename into a directory whose mkdir was lost), is lost
   too;
+* a syncfs makes every earlier operation certain (the create journal's settle);
 * the event log is never fsynced (S13.1): each file keeps a prefix of its appends, possibly
   with a torn last line.
 
@@ -33,6 +34,7 @@ from typing import Any
 from rq.fsrecord import read_log
 
 MODES = ("all", "certain", "random", "ordered")
+SYNCS = ("fsync", "fsyncdir", "syncfs")
 
 
 @dataclass
@@ -177,6 +179,8 @@ class Recording:
                 self._add(Effect(pos, "link", node, parent, name))
             if op == "write":
                 self._add(Effect(pos, "content", node, data=rec["data"]))
+        elif op == "syncfs":  # every earlier write of the filesystem (rq.queue.journal)
+            self._add(Effect(pos, "syncfs", 0))
         elif op in ("fsync", "fsyncdir"):
             parts = self._rel(rec["path"])
             node = None if parts is None else self._lookup(parts)
@@ -213,7 +217,11 @@ class Recording:
         rename) for a name change, of the file for content."""
         pending: dict[tuple[str, int], list[Effect]] = {}
         for eff in self.effects:
-            if eff.kind in ("fsync", "fsyncdir"):
+            if eff.kind == "syncfs":
+                for waiting in (w for ws in pending.values() for w in ws):
+                    waiting.cover = eff.pos
+                pending.clear()
+            elif eff.kind in ("fsync", "fsyncdir"):
                 key = ("content" if eff.kind == "fsync" else "names", eff.node)
                 for waiting in pending.pop(key, []):
                     waiting.cover = eff.pos
@@ -243,7 +251,7 @@ class Recording:
     def certain(self, k: int) -> set[int]:
         """The effects (indices) that a crash at log position k certainly kept."""
         keep = {i for i, e in enumerate(self.effects) if e.pos < k and e.cover < k
-                and e.kind not in ("fsync", "fsyncdir")}
+                and e.kind not in SYNCS}
         todo = list(keep)
         while todo:
             for dep in self.effects[todo.pop()].deps:
@@ -254,7 +262,7 @@ class Recording:
 
     def choose(self, k: int, mode: str, rng: random.Random) -> set[int]:
         before = [i for i, e in enumerate(self.effects)
-                  if e.pos < k and e.kind not in ("fsync", "fsyncdir")]
+                  if e.pos < k and e.kind not in SYNCS]
         if mode == "all":
             return set(before)
         keep = self.certain(k)

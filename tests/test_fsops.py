@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rq.fsops import FaultyFsOps, FsOps, parse_fault_plan
+from rq.fsops import FsOps
+from rq.fsseams import FaultyFsOps, parse_fault_plan
 
 
 class CountingFsOps(FsOps):
