@@ -6,9 +6,9 @@ empty `msg` file, `job-N/` holding an empty `stdio.log`, and plain empty files
 `file-N`. Creating an inode is the dearest step of a durable enqueue on ext4
 (a `mkdir` plus a file create cost 0.3-1 ms of kernel time while the journal
 is busy with the previous message's fsyncs or recently deleted inodes are
-skipped, against ~20 us for a rename), so Store.allocate writes and fsyncs a
-message's msg inside a `msg` spare and then publishes the whole directory as
-`prep/ID` with one no-clobber rename (S4.1); a job start claims a `job` spare
+skipped, against ~20 us for a rename), so Store.allocate writes a message's
+msg inside a `msg` spare and then publishes the whole directory as `prep/ID`
+with one no-clobber rename (S4.1); a job start claims a `job` spare
 as `run/ID/job/` (S6.1), and the small files written per job (pid, proc.json,
 status) go through a `file` spare renamed over their target (as atomic as a
 rename from a temp file beside the target: same filesystem, S0.3.1).
@@ -21,13 +21,13 @@ so a queue that freed two inodes per job made each later create, mkdir and
 spare slower the longer it ran (a job's spares cost ~0.1 ms of kernel time
 on fresh directories, 1.5-3 ms after a few thousand jobs).
 
-A `msg` spare is made durable before it is handed out (its directory is
-fsynced, so the `msg` entry is on disk): once its msg is written and fsynced,
-the rename into prep/ and the fsync of que/ at commit are all a durable
-create needs.  With a journal the fsyncs of a batch share one commit; without
-one (ext4 here) each writes its own directory, ~0.1 ms of wall time apiece
-on this thread, off the request path (docs/benchmarks.md, eighteenth
-session).  The other kinds hold no data and need no fsync.  A crash may
+No spare is fsynced.  A journaled create needs nothing of its spare's
+durability (its create journal record stands for the message until the
+journal settles: rq.queue.journal, issue 15); a create that must be durable by
+itself (prep_message) fsyncs the spare's directory after its msg
+(Store.allocate).  Until the journal, every `msg` spare's directory was fsynced
+here, ~0.1 ms apiece on this filesystem (docs/benchmarks.md, eighteenth
+session).  A crash may
 leave or lose some spares; `reset()` at queue start clears whatever is
 there.  A failure to make spares (a full disk, a read-only queue) only means
 allocate falls back to `mkdir`.  Spare-making does not go through the
@@ -43,17 +43,12 @@ import os
 import shutil
 import threading
 
-from rq.fsops import FsOps
-
 log = logging.getLogger(__name__)
-_PLAIN = FsOps()  # outside the seam's counters (see above)
 
 DIRNAME = ".spare"
 # kind -> the empty file inside the spare directory; "" = the spare is a plain empty file
 # (the temporary file of a small atomic write: pid, proc.json, status)
 KINDS = {"msg": "msg", "job": "stdio.log", "file": ""}
-DURABLE = {"msg"}      # kinds whose directory is fsynced before use
-SYNC_BATCH = 8         # durable spares fsynced, then published together
 LOW, HIGH = 8, 32      # refill when fewer than LOW are ready, up to HIGH
 KEEP = 2 * HIGH        # recycled files kept at most; beyond that they are deleted
 RETRY_AFTER = 5.0      # seconds to wait after a failure to make one
@@ -147,23 +142,9 @@ class Spares:
                     self._cond.wait(RETRY_AFTER)
 
     def _make_all(self, wanted: list[str]) -> None:
-        """Make `wanted`; each is usable as soon as it is made, a durable kind
-        once its batch's directories are fsynced (with a journal the first
-        fsync commits the whole batch; without one each fsync writes its own
-        directory)."""
-        unsynced: list[str] = []
-        for i, kind in enumerate(wanted):
-            path = self._make(kind)
-            if kind not in DURABLE:
-                self._publish(kind, [path])
-                continue
-            unsynced.append(path)
-            last = i + 1 == len(wanted) or wanted[i + 1] != kind
-            if len(unsynced) >= SYNC_BATCH or last:
-                for done in unsynced:
-                    _PLAIN.fsync_dir(done)
-                self._publish(kind, unsynced)
-                unsynced = []
+        """Make `wanted`; each is usable as soon as it is made."""
+        for kind in wanted:
+            self._publish(kind, [self._make(kind)])
 
     def _publish(self, kind: str, paths: list[str]) -> None:
         with self._cond:

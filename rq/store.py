@@ -50,6 +50,7 @@ class Store:
         self._id_lock = threading.Lock()
         self._started = time.time() + 0.001  # ids up to this ms may be an earlier process's
         self.spares: spares.Spares | None = None  # set by the owning queue process
+        self.journal: Any = None  # rq.queue.journal.Journal, set by the owning queue process
 
     # ------------------------------------------------------------ paths
     def state_dir(self, state: str) -> str:
@@ -151,7 +152,8 @@ class Store:
     # ------------------------------------------------------------ writing
     def allocate(self, fields: dict[str, Any], now: float, base_url: str, *,
                  sync_prep: bool = True, msg_id: str | None = None,
-                 exact: bool = False) -> tuple[str, str]:
+                 exact: bool = False, journaled: list[bytes] | None = None
+                 ) -> tuple[str, str]:
         """Create `prep/ID/` with its msg file (S4.1) and return (id, path).
         `fields` gains `msg_id` and the default `orig_msg_id`.  A `msg_id` from
         new_ids() is tried first (should it be taken meanwhile, a new one is made);
@@ -160,11 +162,15 @@ class Store:
         The msg file and the ID directory are durable on return; with
         `sync_prep` the prep/ entry is too (a later commit rename followed by
         an fsync of que/ makes it durable otherwise).  With a spare at hand
-        (rq.spares: a directory whose `msg` entry is already durable) the msg is
-        written and fsynced inside the spare, which is then renamed to prep/ID:
-        the directory appears complete, and one fsync fewer is needed than for
-        a new directory (msg temp file + fsync, rename, fsync of ID/)."""
+        (rq.spares) the msg is written and fsynced inside the spare, the spare's
+        directory fsynced, and the spare renamed to prep/ID: the directory
+        appears complete, with no mkdir on the request path.
+
+        With `journaled` (a list; the msg bytes are appended to it) nothing is fsynced:
+        the caller's create journal record stands for the message until the journal
+        settles (rq.queue.journal)."""
         prep = self.state_dir("prep")
+        durable = journaled is None
         own_orig = "orig_msg_id" not in fields
         given = msg_id
         while True:
@@ -173,8 +179,9 @@ class Store:
             fields["msg_id"] = msg_id  # the caller's dict becomes the stored fields
             if own_orig:
                 fields["orig_msg_id"] = protocol.full_id(base_url, self.name, msg_id)
+            data = msg_bytes(fields)
             spare = self.spares.take("msg") if self.spares is not None else None
-            if spare is not None and self._publish_spare(spare, path, fields):
+            if spare is not None and self._publish_spare(spare, path, data, durable):
                 break
             try:
                 self.fs.mkdir(path)
@@ -183,13 +190,16 @@ class Store:
                     raise Fail("msg id taken") from None
                 continue
             try:
-                self.write_msg(path, fields)
+                self.write_file(os.path.join(path, "msg"), data, sync=durable,
+                                sync_data=durable)
             except BaseException:
                 _rmtree_quiet(path)
                 raise
             break
+        if journaled is not None:
+            journaled.append(data)
         try:
-            if sync_prep:
+            if sync_prep and durable:
                 self.fs.fsync_dir_shared(prep)
         except BaseException:
             _rmtree_quiet(path)
@@ -212,12 +222,14 @@ class Store:
                 out.append(msg_id)
         return out
 
-    def _publish_spare(self, spare: str, path: str, fields: dict[str, Any]) -> bool:
-        """Write and fsync the msg inside `spare`, then rename it to `path`
-        without clobbering.  False when the rename fails (the spare is dropped
+    def _publish_spare(self, spare: str, path: str, data: bytes, durable: bool) -> bool:
+        """Write (and with `durable` fsync) the msg inside `spare`, then rename it to
+        `path` without clobbering.  False when the rename fails (the spare is dropped
         and the caller makes `path` itself); a failed write or fsync raises."""
         try:
-            self.fs.write_file_private(os.path.join(spare, "msg"), msg_bytes(fields))
+            self.fs.write_file_private(os.path.join(spare, "msg"), data, sync=durable)
+            if durable:
+                self.fs.fsync_dir(spare)  # its `msg` entry: rq.spares fsyncs nothing
         except BaseException:
             _rmtree_quiet(spare)
             raise
@@ -324,7 +336,10 @@ class Store:
     def hide(self, path: str) -> str:
         """The rename of `remove` (not yet durable: fsync the state directory):
         the message leaves every state at once; returns the hidden name, a
-        `.deleting.*` directory that `remove_hidden` clears at the next start."""
+        `.deleting.*` directory that `remove_hidden` clears at the next start.
+        A message still pending in the create journal is settled first."""
+        if self.journal is not None:
+            self.journal.settle_for(os.path.basename(path))
         hidden = os.path.join(self.qdir, f"{HIDDEN_PREFIX}{os.path.basename(path)}.{os.getpid()}")
         self.fs.rename(path, hidden)
         return hidden

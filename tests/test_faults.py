@@ -207,9 +207,9 @@ def test_jobs_ending_together_share_one_fsync_of_their_bucket(root: Path) -> Non
     q, fulls, before = _end_together(root)
     try:
         wait_for(lambda: q.counts()["done"] == 2, 10, what="both done")
+        after = _ops(root)[before:]  # before the stop, which settles the create journal
     finally:
         q.stop()
-    after = _ops(root)[before:]
     assert after.count("fsync") == 1, after
     assert after.index("fsync") > after.index("rename")  # the moves first, then their fsync
     assert _done_events(root) == sorted(short(f) for f in fulls)

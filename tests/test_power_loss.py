@@ -63,6 +63,7 @@ from rq.events import decode_line
 from rq.fsck import Report, check_root
 from rq.fsops import FsOps
 from rq.fsrecord import OpLog
+from rq.queue import journal
 from rq.queue.leases import Leases
 from rq.queue.recovery import recover
 from rq.queue.state import QueueState
@@ -321,15 +322,21 @@ def event_log_problems(root: str, *, torn_lines: int) -> list[str]:
 
 
 def remote_copies(remote: Path) -> dict[str, list[str]]:
-    """orig_msg_id -> the committed remote messages (S12.1 puts the local id there)."""
+    """orig_msg_id -> the committed remote messages (S12.1 puts the local id there).  A
+    copy still in prep/ whose commit is in the create journal is committed: the remote's
+    next start moves it to que/ (rq.queue.journal)."""
     out: dict[str, list[str]] = {}
-    for state in ("que", "run", "done", "relayed", "err"):
+    qdir = remote / "queue" / "test"
+    journaled = {msg_id for msg_id, _ in journal.read_records(str(qdir))}
+    for state in ("prep", "que", "run", "done", "relayed", "err"):
         # os.walk, not Path.glob("**/msg"): the remote daemon moves messages meanwhile, and
         # glob raises when a directory it is about to scan has gone (os.walk skips it; the
         # caller polls again).
         paths = [Path(top) / "msg" for top, _, names in
                  os.walk(remote / "queue" / "test" / state) if "msg" in names]
         for path in paths:
+            if state == "prep" and path.parent.name not in journaled:
+                continue
             try:
                 msg = json.loads(path.read_bytes())
             except (OSError, ValueError):

@@ -10,15 +10,16 @@ an ok for a message that is not durable (crash test (2) of issue 2, spare path).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rq import spares
 from rq.fsck import check_root
-from rq.fsops import FsOps
 from rq.spares import Spares
 from rq.store import Store
 from rqtest import QueueProc, learn_ops, make_queue, wait_for
@@ -156,32 +157,33 @@ def test_reset_clears_leftovers(tmp_path: Path) -> None:
         sp.close()
 
 
-def test_msg_spares_are_fsynced_before_they_are_handed_out(tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """A create fsyncs only the msg file and que/ (S4.1): the `msg` entry inside a
-    spare must already be durable, so every msg spare's directory is fsynced before
-    take() can return it; job and file spares hold no data and are not fsynced."""
-    synced: list[str] = []
+def test_spares_are_never_fsynced_and_a_durable_allocate_syncs_its_own(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15: a journaled create needs nothing of its spare's durability, so no
+    spare is fsynced when it is made; an allocation that must be durable by itself
+    (prep_message: no journal record stands for it) fsyncs the msg and then the
+    spare's directory, both before the rename that publishes it as prep/ID."""
+    calls: list[tuple[str, str]] = []
+    for name in ("fsync_dir", "write_file_private", "rename_noreplace"):
+        real = getattr(store.fs, name)
 
-    class Recording(FsOps):
-        def fsync_dir(self, path: str) -> None:
-            synced.append(path)
-            super().fsync_dir(path)
-
-    monkeypatch.setattr(spares, "_PLAIN", Recording())
-    qdir = tmp_path / "q"
-    qdir.mkdir()
-    sp = Spares(str(qdir))
-    sp.reset()
-    try:
-        wait_for(lambda: all(sp.ready(k) >= spares.HIGH for k in spares.KINDS), 10,
-                 what="spares made")
-        taken = [sp.take("msg") for _ in range(spares.HIGH)]
-        assert None not in taken
-        assert set(taken) <= set(synced)
-        assert all(os.path.basename(p).startswith("msg-") for p in synced), synced
-    finally:
-        sp.close()
+        def spy(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            calls.append((_name, str(args[0])))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(store.fs, name, spy)
+    spares_before = set(os.listdir(store.spares.base))
+    journaled: list[bytes] = []
+    store.allocate({"dest": "s"}, 1_700_000_000.0, "http://h:1/", sync_prep=False,
+                   journaled=journaled)
+    assert [c[0] for c in calls] == ["write_file_private", "rename_noreplace"], calls
+    assert journaled and json.loads(journaled[0])["dest"] == "s"
+    calls.clear()
+    _, path = store.allocate({"dest": "s"}, 1_700_000_000.0, "http://h:1/")
+    spare = calls[0][1].rsplit("/", 1)[0]
+    assert os.path.basename(spare) in spares_before
+    assert [c[0] for c in calls] == ["write_file_private", "fsync_dir", "rename_noreplace",
+                                     "fsync_dir"], calls
+    assert calls[1][1] == spare and calls[3][1] == os.path.dirname(path)
 
 
 def test_queue_without_spares_still_enqueues(root: Path) -> None:
@@ -271,12 +273,14 @@ def test_fault_each_enqueue_op_with_spares(root: Path) -> None:
 
     ops = learn_ops(root, "f", create, plan="spares,",
                     ready=lambda q: spare_count(root / "queue" / "f") >= spares.HIGH)
-    # The msg is written and fsynced inside the spare, which a rename then publishes
-    # as prep/ID: no mkdir on the request path, and two fsyncs in all (the msg
-    # file, que/ after the commit rename), one fewer than a directory made anew.
-    names = [op for op, _ in ops]
-    assert names[:2] == ["write", "fsync"] and "mkdir" not in names, ops
-    assert names.count("fsync") == 2, ops
+    # The msg is written inside the spare, which a rename then publishes as prep/ID: no
+    # mkdir on the request path.  Nothing of the directories is fsynced: the create
+    # journal's record is (rq.queue.journal), in a segment the first create opens (the
+    # segment's name made durable, then the record): two fsyncs, one from the next
+    # create on.
+    names = [op for op, _ in ops if op != "append"]  # the event log's lines (S13.1)
+    assert names[:3] == ["write", "rename", "rename"] and "mkdir" not in names, ops
+    assert names[3:] == ["write", "fsync", "write", "fsync"], ops
     claim = next(o for o in ops if o[0] == "rename")
     acked: set[str] = set(check_root(str(root)).states.get("f", {}))
     outcome: dict[tuple[str, int, str], str] = {}
@@ -307,5 +311,6 @@ def test_fault_each_enqueue_op_with_spares(root: Path) -> None:
                 {a.rsplit("/", 1)[-1] for a in acked}
     # the claim's own rename failing is survivable: that create was still ok'd
     assert outcome[(*claim, "EIO")] == "ok", outcome
-    # a failed fsync of the msg file is a failed create
-    assert outcome[(*next(o for o in ops if o[0] == "fsync"), "EIO")] == "fail", outcome
+    # a failed fsync of the journal (the segment's name, the record) is a failed create
+    for fsync in (o for o in ops if o[0] == "fsync"):
+        assert outcome[(*fsync, "EIO")] == "fail", outcome

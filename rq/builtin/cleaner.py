@@ -138,12 +138,31 @@ def prune_prep(prep_dir: str, now: float, keep_secs: float) -> int:
     return removed
 
 
+def journal_since(qdir: str) -> float | None:
+    """When the oldest segment of the queue's create journal was opened (its name is
+    that time in ns, rq.queue.journal), or None.  A message created since may be only
+    its record until the journal settles, so nothing that recent is removed: a power
+    loss would bring it back."""
+    try:
+        names = sorted(n for n in os.listdir(qdir)
+                       if n.startswith("journal-") and n.endswith(".jnl"))
+    except OSError:
+        return None
+    if not names:
+        return None
+    stem = names[0][len("journal-"):-len(".jnl")]
+    return int(stem) / 1e9 if stem.isdigit() else 0.0
+
+
 def clean_queue(root: str, name: str, now: float, days: int) -> None:
     qdir = os.path.join(root, "queue", name)
     cutoff = now - days * 86400
+    since = journal_since(qdir)
+    if since is not None and since < cutoff:  # with days 0: only what settled
+        cutoff = since
     counts = [f"{state} {prune_hashdir(os.path.join(qdir, state), cutoff)} buckets"
               for state in HASHDIR_STATES]
-    counts.append(f"prep {prune_prep(os.path.join(qdir, 'prep'), now, days * 86400)} messages")
+    counts.append(f"prep {prune_prep(os.path.join(qdir, 'prep'), cutoff, 0)} messages")
     jobio.log(f"cleaned queue {name} (keeping {days} days): removed " + ", ".join(counts))
 
 

@@ -118,14 +118,17 @@ class Enqueue:
         block layer merges the cache flushes of concurrent fsyncs."""
         out: list[tuple[str, Fail | None]] = []
         made: list[tuple[int, str, str]] = []
+        blobs: dict[str, bytes] = {}
         for result in (self.allocate_bulk([f for f, _ in specs]) if bulk else
                        [self._allocate_one(*spec) for spec in specs]):
             if isinstance(result, Fail):
                 out.append(("", result))
                 continue
-            made.append((len(out), *result))
-            out.append((result[0], None))
-        errors = self.commit_batch([(msg_id, specs[i][0]) for i, msg_id, _ in made])
+            msg_id, path, blob = result
+            made.append((len(out), msg_id, path))
+            blobs[msg_id] = blob
+            out.append((msg_id, None))
+        errors = self.commit_batch([(msg_id, specs[i][0]) for i, msg_id, _ in made], blobs)
         for (i, msg_id, path), err in zip(made, errors):
             if err is None:
                 continue
@@ -135,13 +138,13 @@ class Enqueue:
         return out
 
     def _allocate_one(self, fields: dict[str, Any], src_path: str | None = None,
-                      msg_id: str | None = None) -> tuple[str, str] | Fail:
+                      msg_id: str | None = None) -> tuple[str, str, bytes] | Fail:
         try:
             return self.allocate_with(fields, src_path, msg_id)
         except Fail as exc:
             return exc
 
-    def allocate_bulk(self, many: list[dict[str, Any]]) -> list[tuple[str, str] | Fail]:
+    def allocate_bulk(self, many: list[dict[str, Any]]) -> list[tuple[str, str, bytes] | Fail]:
         ids = self.state.store.new_ids(time.time(), len(many))
         if len(many) <= 1:
             return [self._allocate_one(f, None, i) for f, i in zip(many, ids)]
@@ -150,11 +153,16 @@ class Enqueue:
             return list(pool.map(self._allocate_one, many, [None] * len(many), ids))
 
     def allocate_with(self, fields: dict[str, Any], src_path: str | None,
-                      msg_id: str | None = None) -> tuple[str, str]:
+                      msg_id: str | None = None) -> tuple[str, str, bytes]:
         """allocate(), then hard-link the attachments of `src_path` (a clone);
-        every failure is this message's own Fail, never its batch's (D4)."""
+        every failure is this message's own Fail, never its batch's (D4).  With
+        the create journal and no attachments nothing is fsynced: the msg bytes
+        are returned for the commit's record (else b"": the msg is durable)."""
+        journaled: list[bytes] | None = (
+            [] if src_path is None and self.state.store.journal is not None else None)
         try:
-            msg_id, path = self.allocate(fields, sync_prep=False, msg_id=msg_id)
+            msg_id, path = self.allocate(fields, sync_prep=False, msg_id=msg_id,
+                                         journaled=journaled)
         except Fail:
             raise
         except Exception as exc:  # a bug: logged, and this message's failure only
@@ -171,16 +179,19 @@ class Enqueue:
                     log.exception("cannot link the attachments of a clone")
                 raise Fail(f"msg couldn't be created: {getattr(exc, 'strerror', None) or exc}"
                            ) from exc
-        return msg_id, path
+        return msg_id, path, journaled[0] if journaled else b""
 
     def allocate(self, fields: dict[str, Any], *, sync_prep: bool,
-                 msg_id: str | None = None, exact: bool = False) -> tuple[str, str]:
+                 msg_id: str | None = None, exact: bool = False,
+                 journaled: list[bytes] | None = None) -> tuple[str, str]:
         """prep/ID with its msg, durable (S4.1); with `sync_prep` prep/ too;
-        with `exact`, under `msg_id` or not at all (Store.allocate)."""
+        with `exact`, under `msg_id` or not at all; with `journaled`, nothing
+        fsynced and the msg bytes appended to it (Store.allocate)."""
         q = self.state
         try:
             msg_id, path = q.store.allocate(fields, time.time(), q.main.base_url,
-                                            sync_prep=sync_prep, msg_id=msg_id, exact=exact)
+                                            sync_prep=sync_prep, msg_id=msg_id, exact=exact,
+                                            journaled=journaled)
         except OSError as exc:
             raise Fail(f"msg couldn't be created: {exc.strerror or exc}") from exc
         with q.lock:
@@ -206,11 +217,13 @@ class Enqueue:
         if error is not None:
             raise error
 
-    def commit_batch(self, items: list[tuple[str, dict[str, Any] | None]]
-                     ) -> list[OSError | Fail | None]:
-        """commit() for several messages with one fsync of que/ and one
-        scheduler pass; per message None, or the OSError of its rename (still
-        in prep), or a Fail (not durable: put back in prep)."""
+    def commit_batch(self, items: list[tuple[str, dict[str, Any] | None]],
+                     blobs: dict[str, bytes] | None = None) -> list[OSError | Fail | None]:
+        """commit() for several messages with one flush and one scheduler pass:
+        the create journal's record of each (its msg bytes from `blobs`, when
+        its allocation was journaled), or without a journal an fsync of que/.
+        Per message None, or the OSError of its rename (still in prep), or a
+        Fail (not durable: put back in prep)."""
         q = self.state
         errors: list[OSError | Fail | None] = [None] * len(items)
         moved: list[int] = []
@@ -226,7 +239,11 @@ class Enqueue:
         if not moved:
             return errors
         try:
-            q.fs.fsync_dir_shared(q.store.state_dir("que"))
+            if q.store.journal is not None:
+                q.store.journal.append([(items[i][0], (blobs or {}).get(items[i][0], b""))
+                                        for i in moved])
+            else:
+                q.fs.fsync_dir_shared(q.store.state_dir("que"))
         except OSError as exc:
             for i in moved:
                 errors[i] = Fail(f"commit failed: {exc.strerror or exc}")

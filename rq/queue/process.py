@@ -27,6 +27,7 @@ from rq.queue import jobs as J
 from rq.queue.commands import INLINE_PASS, Commands
 from rq.queue.cron import Cron
 from rq.queue.enqueue import Enqueue
+from rq.queue.journal import Journal
 from rq.queue.leases import Leases
 from rq.queue.pipes import Pipes
 from rq.queue.recovery import recover
@@ -94,6 +95,7 @@ class QueueProcess:
         self.take_lock_file()
         self.write_pid_file()
         recover(self.state, self.leases)
+        self.state.store.journal = Journal(self.state.store, self.state.fs)  # issue 15
         if self.state.fs.spares:  # inode creation off the enqueue path (rq.spares)
             self.state.store.spares = Spares(self.state.store.qdir)
             self.state.store.spares.reset()

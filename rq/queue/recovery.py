@@ -1,6 +1,8 @@
 """Start-up recovery of one queue (S2.7): memory rebuilt from the directory.
 
-Owns what a queue process does once, before it serves: every message left in
+Owns what a queue process does once, before it serves: the create journal's
+records replayed (rq.queue.journal: messages acknowledged but not yet settled
+on disk put back), every message left in
 run/ goes back to que/ (its surviving job group stopped first) unless it holds
 an unexpired pull lease (S8.3), every que/ message is indexed in scheduling
 order, the prep ids and the finished counts are read (STYLE habit 3: the
@@ -18,7 +20,7 @@ from stat import S_ISREG
 
 from rq import proc
 from rq.fsops import read_json, unlink_quiet
-from rq.queue import snapshot
+from rq.queue import journal, snapshot
 from rq.queue.index import QueItem, que_item
 from rq.queue.leases import Leases
 from rq.queue.state import QueueState
@@ -31,6 +33,9 @@ RESTARTED = "QUEUE RESTARTED - MOVING TO QUE"
 def recover(state: QueueState, leases: Leases) -> None:
     now = time.time()
     store = state.store
+    restored = journal.replay(store, state.fs)  # first: the spool is the truth after it
+    if restored:
+        log.warning("put back %d message(s) from the create journal", restored)
     for msg_id in store.list_flat("run"):
         if not leases.recover(msg_id, store.msg_path("run", msg_id), time.time()):
             requeue_running(state, msg_id)  # an unexpired pull lease stays in run/
@@ -81,9 +86,10 @@ def que_items(store: Store, now: float,
                     pass  # read below, which says what is wrong
             try:
                 fields = store.read_msg(msg_id, dir_fd)
-            except (OSError, ValueError) as exc:
-                log.warning("skipping unreadable message que/%s: %s", msg_id, exc)
-                continue
+            except (OSError, ValueError) as exc:  # S2.7.4; after the journal's replay
+                log.warning("skipping unreadable message que/%s: %s", msg_id, exc)  # only an
+                continue  # unacknowledged create cut by a power loss, or damage, is left
+
             due = fields.get("due")
             if not isinstance(due, (int, float)) or isinstance(due, bool):
                 fields["due"] = due = int(now)

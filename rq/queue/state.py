@@ -481,6 +481,8 @@ class QueueState:
     def close(self) -> None:
         """The end of a graceful stop (S2.5), once nothing moves any more: the event log and
         the spare inodes closed, and the que/ index left for the next start (S2.7)."""
+        if self.store.journal is not None:
+            self.store.journal.close()  # settled: the next start has nothing to replay
         self.events.close()
         if self.store.spares is not None:
             self.store.spares.close()
