@@ -124,6 +124,29 @@ def test_a_delete_settles_the_journal_first(root: Path) -> None:
         q.stop()
 
 
+def test_a_purge_settles_the_journal_first(root: Path) -> None:
+    """The same for a purge (issue 16's bulk delete): two messages run at once and end in
+    err/ while their records are pending; `purge_messages` settles before it removes them,
+    and they stay gone after a kill and a restart."""
+    make_queue(root, "j", script="/bin/false")
+    q = QueueProc(root, "j", env=NO_TIMED_SETTLE)
+    try:
+        fulls = [q.call("create_message", {"dest": "j"})[1] for _ in range(2)]
+        for full in fulls:
+            q.wait_state(full, "err")
+        assert len(segments(root, "j")) == 1
+        assert q.call("purge_messages", {"states": ["err"], "older_than": 0}) == ["ok", 2]
+        assert segments(root, "j") == []
+    finally:
+        q.kill()
+    q = QueueProc(root, "j")
+    try:
+        assert q.counts()["err"] == 0
+        assert all(q.state(full) is None for full in fulls)
+    finally:
+        q.stop()
+
+
 def test_the_journal_settles_on_its_own_and_at_a_stop(root: Path) -> None:
     """With the real file system the settler thread removes a segment about a second after
     its first record, then leaves (an idle queue keeps no thread for it: issue 17); with no

@@ -184,6 +184,8 @@ class Bulk:
         store = q.store
         hidden: list[tuple[str, str, str | None, int | None]] = []
         sync: list[str] = []
+        if store.journal is not None:
+            store.journal.settle_for(*batch)  # its syncfs outside the lock (rq.queue.journal)
         with q.lock:
             for msg_id in batch:
                 path = store.msg_path(state, msg_id)

@@ -302,6 +302,8 @@ class Commands:
     def cmd_delete_message(self, data: Any) -> Any:
         msg_id = self.msg_id(data)
         q = self.state
+        if q.store.journal is not None:
+            q.store.journal.settle_for(msg_id)  # its syncfs outside the lock (rq.queue.journal)
         with q.lock:
             state, path = self.find(msg_id)
             if state == "run":  # also a message whose end is not yet fsynced (find)

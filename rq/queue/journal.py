@@ -280,11 +280,13 @@ class Journal:
                 for path in done:
                     self._pending.pop(path, None)
 
-    def settle_for(self, msg_id: str) -> None:
-        """Before `msg_id` is removed: settle when its record is still pending (else a
-        replay after a power loss would bring it back)."""
+    def settle_for(self, *msg_ids: str) -> None:
+        """Before any of `msg_ids` is removed: settle when a record of one is still
+        pending (else a replay after a power loss would bring it back).  A caller that
+        holds the queue lock for the removal calls this first, outside it, so that the
+        syncfs does not stall the loop; Store.hide calls it again, a cheap check then."""
         with self._lock:
-            pending = any(msg_id in ids for ids in self._pending.values())
+            pending = any(not ids.isdisjoint(msg_ids) for ids in self._pending.values())
         if pending:
             self.settle()
 
