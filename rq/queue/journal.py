@@ -39,7 +39,7 @@ import time
 import zlib
 from collections.abc import Iterator
 
-from rq.fsops import FsOps, read_small
+from rq.fsops import FsOps, read_small, unlink_quiet
 from rq.store import Store
 
 log = logging.getLogger(__name__)
@@ -147,8 +147,13 @@ def replay(store: Store, fs: FsOps) -> int:
     paths = segments(store.qdir)
     if not paths:
         return 0
+    records = read_records(store.qdir)
+    if not records:  # segments with no record (a create that failed): nothing to keep
+        for path in paths:
+            unlink_quiet(path)
+        return 0
     restored = 0
-    for step in plan(store, read_records(store.qdir)):
+    for step in plan(store, records):
         try:
             restored += apply(store, fs, step)
         except OSError as exc:  # the segments stay: the next start tries again
