@@ -160,8 +160,8 @@ class Store:
         with `exact` (a fan-out copy, rq.queue.fanoutprep) a taken one is Fail("msg id taken").
 
         The msg file and the ID directory are durable on return; with
-        `sync_prep` the prep/ entry is too (a later commit rename followed by
-        an fsync of que/ makes it durable otherwise).  With a spare at hand
+        `sync_prep` the prep/ entry is too (a later commit, its rename and its
+        create-journal record, makes it durable otherwise).  With a spare at hand
         (rq.spares) the msg is written and fsynced inside the spare, the spare's
         directory fsynced, and the spare renamed to prep/ID: the directory
         appears complete, with no mkdir on the request path.

@@ -5,7 +5,7 @@ seed 000's push/pop with a journal).
 `push_max_bytes`) as the body of a new message: prep_message, the body
 attached as `attach/body` (S4.8, so the message page shows it like any
 attachment), commit_message.  `ok <full id>` is printed only after the commit
-(the queue fsyncs que/ first).  Without QUEUE the root's `default_queue`.
+(the queue's create journal holds the commit first).  Without QUEUE the root's `default_queue`.
 
 `rq pop QUEUE [--wait SECS]` takes a lease on the oldest eligible message of a
 pull queue (S8.2, over the queue's own socket: `grant_lease`), writes its body

@@ -39,7 +39,7 @@ INLINE_PASS = {"create_message"}
 DEFAULT_LIMIT = 1000
 SETTLE_WAIT = 2.0  # seconds a command waits for the group commit of a message's end (find)
 MOVED_RETRIES = 5  # a message read while it moves is looked up again (STYLE habit 2)
-BULK_CHUNK = 256  # messages per commit (one fsync of que/) of a create_messages frame
+BULK_CHUNK = 256  # messages per commit (one journal flush) of a create_messages frame
 
 
 class Commands:

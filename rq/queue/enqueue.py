@@ -1,23 +1,24 @@
 """Creating messages in one queue (S4.1, S4.8, S7.3, S0.3): allocation in
 prep/, the prep → que commit, and the group commit of creates in flight.
 
-Owns every way a message enters the queue: `allocate` (msg written and
-fsynced in a spare, published as prep/ID: Store.allocate), `commit` /
-`commit_batch` (prep → que, one fsync of que/ for the batch, then index,
-events and one scheduler pass: S5.1 wants a due message with a free slot in
-run/ before its reply), `create` for callers that may hold the queue lock
+Owns every way a message enters the queue: `allocate` (msg written in a
+spare, published as prep/ID: Store.allocate; fsynced only for a message that
+must be durable by itself, prep_message), `commit` / `commit_batch` (prep →
+que, then one create-journal flush for the batch (rq.queue.journal), then
+index, events and one scheduler pass: S5.1 wants a due message with a free
+slot in run/ before its reply), `create` for callers that may hold the queue lock
 (cron, clone), and `submit` / `submit_many` for socket requests: when no other
 create is being committed the caller commits at once, itself (one client pays
 no hand-off); otherwise it waits, and the next caller to lead takes every
 create waiting by then as one batch.  A bulk frame (rq.queue.createstream) is one
-`create_batch(bulk=True)`: ids taken in input order, then allocated on threads
-whose msg fsyncs overlap.
+`create_batch(bulk=True)`: ids taken in input order, then allocated on threads.
 
-A message whose own steps fail gets its own Fail; a failed fsync of que/
-fails every message of its batch, each put back in prep/ and removed, as a
-single create would.  No create returns before its message is durable.
+A message whose own steps fail gets its own Fail; a failed journal append or
+fdatasync fails every message of its batch, each put back in prep/ and
+removed, as a single create would.  No create returns before its message is
+durable (its record, until the journal settles the directories).
 
-Why group commit: creates in flight together share one fsync of que/ and one
+Why group commit: creates in flight together share one journal flush and one
 scheduler pass, and one thread does their ~35 system calls each instead of
 several threads handing the GIL to one another at every call.
 """
@@ -114,8 +115,7 @@ class Enqueue:
         message that fails after its allocation is removed from prep.  With
         `bulk` (rq.queue.createstream: no attachments to link), BULK_THREADS threads
         allocate, each message under an id taken beforehand in input order (so
-        the que order, S5.1, is the input's), their msg fsyncs overlapping: the
-        block layer merges the cache flushes of concurrent fsyncs."""
+        the que order, S5.1, is the input's)."""
         out: list[tuple[str, Fail | None]] = []
         made: list[tuple[int, str, str]] = []
         blobs: dict[str, bytes] = {}

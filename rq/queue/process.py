@@ -132,7 +132,7 @@ class QueueProcess:
         if ended:  # the jobs started in their slots run while the moves are fsynced
             started: list[J.Job] = []
             self.spawn_pending(started)
-            error = self.sync_ended(ended)  # outside the lock, as a create's fsync of que/
+            error = self.sync_ended(ended)  # outside the lock, as a create's journal flush
             with self.state.lock:
                 self.publish_ended(ended, error)
                 for job in started:  # the log never shows more than num_workers running
