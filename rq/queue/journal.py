@@ -30,7 +30,6 @@ serve `replay` and `rq fsck`, which counts a journaled message where replay will
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import struct
@@ -39,7 +38,7 @@ import time
 import zlib
 from collections.abc import Iterator
 
-from rq.fsops import FsOps, read_small, unlink_quiet
+from rq.fsops import FsOps, unlink_quiet
 from rq.store import Store
 
 log = logging.getLogger(__name__)
@@ -96,10 +95,9 @@ def read_records(qdir: str) -> list[tuple[str, bytes]]:
 
 def msg_readable(path: str, msg_id: str) -> bool:
     try:
-        data = json.loads(read_small(os.path.join(path, "msg")))
+        return Store.read_msg(path).get("msg_id") == msg_id
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and data.get("msg_id") == msg_id
 
 
 class Step:
@@ -190,7 +188,7 @@ def apply(store: Store, fs: FsOps, step: Step) -> int:
 # ---------------------------------------------------------------- the running queue
 class Journal:
     def __init__(self, store: Store, fs: FsOps) -> None:
-        self.store, self.fs = store, fs
+        self.fs = fs
         self.qdir = store.qdir
         self._lock = threading.Lock()          # the open segment and `_pending`
         self._settling = threading.Lock()      # one settle at a time

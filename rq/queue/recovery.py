@@ -86,9 +86,11 @@ def que_items(store: Store, now: float,
                     pass  # read below, which says what is wrong
             try:
                 fields = store.read_msg(msg_id, dir_fd)
-            except (OSError, ValueError) as exc:  # S2.7.4; after the journal's replay
-                log.warning("skipping unreadable message que/%s: %s", msg_id, exc)  # only an
-                continue  # unacknowledged create cut by a power loss, or damage, is left
+            except (OSError, ValueError) as exc:
+                # S2.7.4.  After the journal's replay only an unacknowledged create cut by
+                # a power loss, or damage, is left unreadable here.
+                log.warning("skipping unreadable message que/%s: %s", msg_id, exc)
+                continue
 
             due = fields.get("due")
             if not isinstance(due, (int, float)) or isinstance(due, bool):
