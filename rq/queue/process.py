@@ -4,8 +4,9 @@ Owns the process: its lifecycle (start-up S2.7 through rq.queue.recovery, the lo
 graceful stop S2.5, config reload S3.6), and its jobs as OS processes: spawning them (S6.1
 steps 3-5), their pipes (S6.4, S6.5, through rq.queue.pipes), reaping them, their deadlines
 and kills (S6.7, S6.8), and retrying a finish that hit an IO error.  It wires the queue's
-owners together: QueueState (the messages' lifecycle), Enqueue (creates), Leases (pull
-mode), Cron (S9) and Commands (the socket's table, S7.3).  Only the entry point imports it.
+owners together: QueueState (the messages' lifecycle), Enqueue (creates), EndBatch (when
+finished jobs' moves are fsynced), Leases (pull mode), Cron (S9) and Commands (the socket's
+table, S7.3).  Only the entry point imports it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from rq.loop import Loop
 from rq.queue import jobs as J
 from rq.queue.commands import INLINE_PASS, Commands
 from rq.queue.cron import Cron
+from rq.queue.endbatch import EndBatch
 from rq.queue.enqueue import Enqueue
 from rq.queue.journal import Journal
 from rq.queue.leases import Leases
@@ -54,6 +56,7 @@ class QueueProcess:
         self.commands = Commands(self.state, self.enqueue, self.leases, self.request_stop)
         self.pipes = Pipes(self.state, self.loop)   # fd 3 and fd 4 of every job (S6.4, S6.5)
         self.replies_pending = False
+        self.ends = EndBatch()  # ends renamed, their fsync not yet done (issue 15)
         self.by_pid: dict[int, J.Job] = {}
         self.group_kills: list[tuple[float, int]] = []
         self.stop_kill_at: float | None = None
@@ -115,7 +118,8 @@ class QueueProcess:
         return 0
 
     def run_once(self, timeout: float, now: float | None = None) -> None:
-        """One pass: wait → signals → register pipes → reap → deadlines → schedule."""
+        """One pass: wait → signals → register pipes → reap → deadlines → schedule → the
+        ends' group commit."""
         for sig in self.loop.wait(timeout):
             self.handle_signal(sig)
         self.replies_pending = self.pipes.flush_replies()
@@ -132,12 +136,27 @@ class QueueProcess:
         if ended:  # the jobs started in their slots run while the moves are fsynced
             started: list[J.Job] = []
             self.spawn_pending(started)
-            error = self.sync_ended(ended)  # outside the lock, as a create's journal flush
-            with self.state.lock:
-                self.publish_ended(ended, error)
-                for job in started:  # the log never shows more than num_workers running
-                    self.log_start(job)
+            self.ends.add(ended, started, time.monotonic())
+        if self.ends and self.ends_due():
+            self.commit_ends()
         self.state.housekeeping(time.monotonic())
+
+    def ends_due(self) -> bool:
+        """Whether the waiting ends are fsynced now (rq.queue.endbatch)."""
+        with self.state.lock:
+            running = sum(job.exited is None for job in self.state.jobs.values())
+            return self.ends.due(time.monotonic(), workers=self.state.cfg.num_workers,
+                                 running=running, stopping=self.state.stopping)
+
+    def commit_ends(self) -> None:
+        """The group commit of the waiting ends: one fsync of the directories their moves
+        changed, outside the lock (as a create's journal flush), then their bookkeeping."""
+        ended, started = self.ends.take()
+        error = self.sync_ended(ended)
+        with self.state.lock:
+            self.publish_ended(ended, error)
+            for job in started:  # the log never shows more than num_workers running
+                self.log_start(job)
 
     def next_timeout(self) -> float:
         """Seconds until something is due: the earliest of every owner's next wake."""
@@ -159,6 +178,8 @@ class QueueProcess:
                 timeout = min(timeout, 0.05)  # a job slow to read fd 4 (S6.5)
             if self.state.to_spawn:
                 timeout = 0.0
+            if self.ends:  # the waiting ends' fsync (rq.queue.endbatch)
+                timeout = min(timeout, max(0.0, self.ends.deadline() - mono))
             if self.state.retry_soon:
                 self.state.retry_soon = False
                 timeout = min(timeout, 0.5)
@@ -261,10 +282,10 @@ class QueueProcess:
             with self.state.lock:
                 self.by_pid[job.pid] = job
                 self.pipes.open(job)
-                if started is None:
-                    self.log_start(job)
-                else:
+                if started is not None:
                     started.append(job)
+                elif not self.ends.defer_start(job):
+                    self.log_start(job)  # else after the ends still waiting for their fsync
                 if job.kill_pending:  # destroyed before it was spawned
                     self.state.terminate(job, time.monotonic())
 

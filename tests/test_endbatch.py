@@ -1,0 +1,70 @@
+"""The group commit of completions (issue 15, rq.queue.endbatch): when the loop fsyncs
+finished jobs' moves, and that deferring it keeps S6.6 and S13's order.
+
+The rules are checked as the pure decision they are; then a real queue process with
+two workers runs trivial jobs under the recording file-operation seam (RQ_FS_RECORD),
+so the test sees how many fsyncs of done/ buckets the ends took, and reads the event
+log to check that it never shows more jobs running than the queue has workers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rq.queue.endbatch import PER_WORKER, WAIT, EndBatch
+from rqtest import QueueProc, make_queue, read_events, wait_for, write_script
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_due_rules() -> None:
+    b = EndBatch()
+    assert not b.due(0.0, workers=1, running=0, stopping=False)  # nothing waits
+    b.add(["a"], ["b"], 10.0)  # type: ignore[list-item]  # jobs are opaque here
+    assert b.due(10.0, workers=1, running=1, stopping=False)  # one worker: at once
+    assert not b.due(10.0, workers=2, running=1, stopping=False)  # another may end soon
+    assert b.due(10.0, workers=2, running=0, stopping=False)  # nothing left to join it
+    assert b.due(10.0, workers=2, running=1, stopping=True)  # a stop does not wait
+    assert not b.due(10.0 + WAIT * 0.9, workers=2, running=2, stopping=False)
+    assert b.due(10.0 + WAIT, workers=2, running=2, stopping=False)  # its deadline
+    assert b.deadline() == 10.0 + WAIT
+    b.add(["c"] * (2 * PER_WORKER - 1), [], 11.0)  # type: ignore[list-item]
+    assert b.due(10.0, workers=2, running=2, stopping=False)  # full: 2 × PER_WORKER
+    assert b.defer_start("d")  # type: ignore[arg-type]
+    ended, started = b.take()
+    assert len(ended) == 2 * PER_WORKER and started == ["b", "d"]
+    assert not b and not b.defer_start("e")  # type: ignore[arg-type]  # logged at once
+
+
+def test_two_workers_share_fsyncs_and_the_log_keeps_order(tmp_path: Path, root: Path) -> None:
+    n = 80
+    script = write_script(tmp_path / "quick.sh", '#!/bin/sh\necho "done ok" >&3\n')
+    make_queue(root, "pair", script, num_workers=2)
+    oplog = tmp_path / "ops.jsonl"
+    q = QueueProc(root, "pair", env={"RQ_FS_RECORD": str(oplog)})
+    try:
+        for _ in range(n):
+            assert q.call("create_message", {"dest": "pair"})[0] == "ok"
+        wait_for(lambda: q.counts()["done"] == n, 60, what=f"{n} jobs done")
+    finally:
+        assert q.stop() == 0
+    events = read_events(root, "pair")
+    running = peak = 0
+    for ev in events:  # in the order they were logged
+        if ev.get("to") == "run":
+            running += 1
+        elif ev.get("from") == "run":
+            running -= 1
+        peak = max(peak, running)
+    assert running == 0 and peak <= 2, peak
+    assert sum(ev.get("to") == "done" for ev in events) == n
+    done_syncs = 0
+    for line in oplog.read_text().splitlines():
+        op = json.loads(line)
+        if op["op"] == "fsyncdir" and "/queue/pair/done/" in op["path"]:
+            done_syncs += 1
+    # one per end without the group commit; the bucket's own mkdir fsyncs are a few more
+    assert done_syncs < n * 0.35, done_syncs
