@@ -20,22 +20,28 @@ from rqtest import QueueProc, make_queue, read_events, wait_for, write_script
 pytestmark = pytest.mark.timeout(120)
 
 
+class _Job:
+    def __init__(self, exited: bool = False) -> None:
+        self.exited = (0, False) if exited else None
+
+
 def test_due_rules() -> None:
+    running, gone = {"r": _Job()}, {"g": _Job(exited=True)}
     b = EndBatch()
-    assert not b.due(0.0, workers=1, running=0, stopping=False)  # nothing waits
+    assert not b.due(0.0, running, workers=1, stopping=False)  # nothing waits
     b.add(["a"], ["b"], 10.0)  # type: ignore[list-item]  # jobs are opaque here
-    assert b.due(10.0, workers=1, running=1, stopping=False)  # one worker: at once
-    assert not b.due(10.0, workers=2, running=1, stopping=False)  # another may end soon
-    assert b.due(10.0, workers=2, running=0, stopping=False)  # nothing left to join it
-    assert b.due(10.0, workers=2, running=1, stopping=True)  # a stop does not wait
-    assert not b.due(10.0 + WAIT * 0.9, workers=2, running=2, stopping=False)
-    assert b.due(10.0 + WAIT, workers=2, running=2, stopping=False)  # its deadline
+    assert b.due(10.0, running, workers=1, stopping=False)  # one worker: at once
+    assert not b.due(10.0, running, workers=2, stopping=False)  # another may end soon
+    assert b.due(10.0, gone, workers=2, stopping=False)  # nothing left to join it
+    assert b.due(10.0, running, workers=2, stopping=True)  # a stop does not wait
+    assert not b.due(10.0 + WAIT * 0.9, running, workers=2, stopping=False)
+    assert b.due(10.0 + WAIT, running, workers=2, stopping=False)  # its deadline
     assert b.deadline() == 10.0 + WAIT
-    b.add(["c"] * (2 * PER_WORKER - 1), [], 11.0)  # type: ignore[list-item]
-    assert b.due(10.0, workers=2, running=2, stopping=False)  # full: 2 × PER_WORKER
+    b.add(["c"] * (2 * PER_WORKER - 1), ["b2"], 11.0)  # type: ignore[list-item]
+    assert b.due(10.0, running, workers=2, stopping=False)  # full: 2 × PER_WORKER
     assert b.defer_start("d")  # type: ignore[arg-type]
-    ended, started = b.take()
-    assert len(ended) == 2 * PER_WORKER and started == ["b", "d"]
+    # pass by pass: a job started in one pass and ended in the next is logged in order
+    assert b.take() == [(["a"], ["b"]), (["c"] * (2 * PER_WORKER - 1), ["b2", "d"])]
     assert not b and not b.defer_start("e")  # type: ignore[arg-type]  # logged at once
 
 
@@ -60,6 +66,10 @@ def test_two_workers_share_fsyncs_and_the_log_keeps_order(tmp_path: Path, root: 
             running -= 1
         peak = max(peak, running)
     assert running == 0 and peak <= 2, peak
+    steps: dict[str, list[tuple[str, str]]] = {}
+    for ev in events:
+        steps.setdefault(ev["msg_id"], []).append((ev["from"], ev["to"]))
+    assert all(seq[-2:] == [("que", "run"), ("run", "done")] for seq in steps.values()), steps
     assert sum(ev.get("to") == "done" for ev in events) == n
     done_syncs = 0
     for line in oplog.read_text().splitlines():

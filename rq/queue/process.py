@@ -27,7 +27,7 @@ from rq.loop import Loop
 from rq.queue import jobs as J
 from rq.queue.commands import INLINE_PASS, Commands
 from rq.queue.cron import Cron
-from rq.queue.endbatch import EndBatch
+from rq.queue.endbatch import EndBatch, sync_moves
 from rq.queue.enqueue import Enqueue
 from rq.queue.journal import Journal
 from rq.queue.leases import Leases
@@ -113,13 +113,12 @@ class QueueProcess:
             self.run_once(self.next_timeout())
         self.server.close()
         self.state.close()  # the que/ index for the next start among what it leaves
-        self.remove_pid_file()
+        unlink_quiet(os.path.join(self.state.store.qdir, "queue.pid"))
         log.info("queue %s stopped", self.name)
         return 0
 
     def run_once(self, timeout: float, now: float | None = None) -> None:
-        """One pass: wait → signals → register pipes → reap → deadlines → schedule → the
-        ends' group commit."""
+        """One pass: wait → signals → pipes → reap → deadlines → schedule → ends' fsync."""
         for sig in self.loop.wait(timeout):
             self.handle_signal(sig)
         self.replies_pending = self.pipes.flush_replies()
@@ -137,26 +136,23 @@ class QueueProcess:
             started: list[J.Job] = []
             self.spawn_pending(started)
             self.ends.add(ended, started, time.monotonic())
-        if self.ends and self.ends_due():
+        with self.state.lock:
+            due = self.ends.due(time.monotonic(), self.state.jobs, stopping=self.state.stopping,
+                                workers=self.state.cfg.num_workers)
+        if due:
             self.commit_ends()
         self.state.housekeeping(time.monotonic())
 
-    def ends_due(self) -> bool:
-        """Whether the waiting ends are fsynced now (rq.queue.endbatch)."""
-        with self.state.lock:
-            running = sum(job.exited is None for job in self.state.jobs.values())
-            return self.ends.due(time.monotonic(), workers=self.state.cfg.num_workers,
-                                 running=running, stopping=self.state.stopping)
-
     def commit_ends(self) -> None:
-        """The group commit of the waiting ends: one fsync of the directories their moves
-        changed, outside the lock (as a create's journal flush), then their bookkeeping."""
-        ended, started = self.ends.take()
-        error = self.sync_ended(ended)
+        """The group commit of the waiting ends (rq.queue.endbatch): the fsync outside the
+        lock, as a create's journal flush; then the bookkeeping, pass by pass."""
+        segments = self.ends.take()
+        error = sync_moves(self.state.store, [job for ended, _ in segments for job in ended])
         with self.state.lock:
-            self.publish_ended(ended, error)
-            for job in started:  # the log never shows more than num_workers running
-                self.log_start(job)
+            for ended, started in segments:
+                self.publish_ended(ended, error)
+                for job in started:  # the log never shows more than num_workers running
+                    self.log_start(job)
 
     def next_timeout(self) -> float:
         """Seconds until something is due: the earliest of every owner's next wake."""
@@ -200,10 +196,7 @@ class QueueProcess:
 
     def write_pid_file(self) -> None:
         self.state.fs.write_file_atomic(os.path.join(self.state.store.qdir, "queue.pid"),
-                                  f"{os.getpid()}\n".encode(), sync=False)
-
-    def remove_pid_file(self) -> None:
-        unlink_quiet(os.path.join(self.state.store.qdir, "queue.pid"))
+                                        f"{os.getpid()}\n".encode(), sync=False)
 
     def signal_ready(self, line: str) -> None:
         proc.ReadyPipe(self.ready_fd).send(line)
@@ -335,7 +328,7 @@ class QueueProcess:
             elif grouped:
                 ended.append(job)
             else:
-                self.publish_ended([job], self.sync_ended([job]))
+                self.publish_ended([job], sync_moves(self.state.store, [job]))
         return ended
 
     def check_deadlines(self, mono: float) -> None:
@@ -366,7 +359,7 @@ class QueueProcess:
     # ================================================================ finishing (S6.6)
     def finish(self, job: J.Job) -> None:
         if self.move_ended(job):
-            self.publish_ended([job], self.sync_ended([job]))
+            self.publish_ended([job], sync_moves(self.state.store, [job]))
 
     def decide(self, job: J.Job) -> J.Outcome:  # once: a retry cannot change its mind
         job.outcome = job.outcome or J.decide(job, stopping=self.state.stopping)
@@ -381,21 +374,8 @@ class QueueProcess:
             return False
         return True
 
-    def sync_ended(self, ended: list[J.Job]) -> OSError | None:
-        """Group commit of completions (issue 15): one fsync of each directory the moves of
-        `ended` changed; what is left to fsync stays in each job's `sync_dirs`."""
-        dirs = list(dict.fromkeys(d for job in ended for d in job.sync_dirs or []))
-        error: OSError | None = None
-        try:
-            self.state.store.sync_dirs(dirs)  # pops each directory once it is durable
-        except OSError as exc:
-            error = exc
-        for job in ended:
-            job.sync_dirs = [d for d in job.sync_dirs or [] if d in dirs]
-        return error
-
     def publish_ended(self, ended: list[J.Job], error: OSError | None) -> None:
-        """After sync_ended, under the lock: bookkeeping (then out of `ending`, see
+        """After sync_moves, under the lock: bookkeeping (then out of `ending`, see
         Commands.find), or a retry if not durable."""
         for job in ended:
             if job.sync_dirs and error is not None:
