@@ -30,7 +30,7 @@ def test_due_rules() -> None:
     b = EndBatch()
     assert not b.due(0.0, running, workers=1, stopping=False)  # nothing waits
     b.add(["a"], ["b"], 10.0)  # type: ignore[list-item]  # jobs are opaque here
-    assert b.due(10.0, running, workers=1, stopping=False)  # one worker: at once
+    assert not b.due(10.0, running, workers=1, stopping=False)  # four ends with one worker
     assert not b.due(10.0, running, workers=2, stopping=False)  # another may end soon
     assert b.due(10.0, gone, workers=2, stopping=False)  # nothing left to join it
     assert b.due(10.0, running, workers=2, stopping=True)  # a stop does not wait

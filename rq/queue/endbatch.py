@@ -8,14 +8,15 @@ one fsync of each directory (`sync_moves`) then covers every end of the batch, w
 bookkeeping follows pass by pass: a pass's ends, then the starts that pass made (a job
 started in one pass may end in the next before the batch is due).
 
-With one worker the batch is due at once: its job was just started in the freed slot,
-so the fsync runs while that job does and no end can wait behind it.  With more
-workers the other jobs end at any moment, and an fsync (~0.2 ms here) on the loop
-delays each end that comes meanwhile; so the batch waits for more ends, up to
-PER_WORKER × num_workers of them or WAIT seconds after its first, and goes at once
-when no job is left running (nothing else will join it) or the queue is stopping.
-Measured on two workers: +8 % jobs/s, −3 % CPU per job (docs/benchmarks.md,
-twenty-first session).  Until its batch is published a message stays in
+The batch waits for more ends, up to PER_WORKER × num_workers of them or WAIT
+seconds after its first, and goes at once when no job is left running (nothing else
+will join it) or the queue is stopping.  With two workers the loop was the queue's
+bottleneck and an fsync (~0.2 ms here) in every pass delayed each end that came
+meanwhile: +8–10 % jobs/s, −4 % CPU per job.  With one worker the batch of four is
+full in the pass that reaps its fourth end, right after that pass started the next
+job, so the fsync still runs while a job does (a batch that waited for WAIT instead,
+at any moment of a short job's life, cost 5 %): −1 to −5 % CPU per job, the rate
+unchanged or better (docs/benchmarks.md, twenty-first session).  Until its batch is published a message stays in
 QueueState.ending, so no reader sees it final before its bookkeeping (S6.6, S13);
 the price is that a finished job is counted done up to WAIT later.
 
@@ -59,7 +60,7 @@ class EndBatch:
     def due(self, mono: float, jobs: dict[str, J.Job], *, workers: int, stopping: bool) -> bool:
         """Whether to fsync now, `jobs` being the queue's job table."""
         return bool(self.segments) and (
-            workers <= 1 or stopping or self.count >= PER_WORKER * workers
+            stopping or self.count >= PER_WORKER * workers
             or mono >= self.deadline() or all(job.exited is not None for job in jobs.values()))
 
     def deadline(self) -> float:
