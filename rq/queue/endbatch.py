@@ -16,9 +16,11 @@ meanwhile: +8–10 % jobs/s, −4 % CPU per job.  With one worker the batch of f
 full in the pass that reaps its fourth end, right after that pass started the next
 job, so the fsync still runs while a job does (a batch that waited for WAIT instead,
 at any moment of a short job's life, cost 5 %): −1 to −5 % CPU per job, the rate
-unchanged or better (docs/benchmarks.md, twenty-first session).  Until its batch is published a message stays in
-QueueState.ending, so no reader sees it final before its bookkeeping (S6.6, S13);
-the price is that a finished job is counted done up to WAIT later.
+unchanged or better (docs/benchmarks.md, twenty-first session).
+
+Until its batch is published a message stays in QueueState.ending, so no reader sees
+it final before its bookkeeping (S6.6, S13); the price is that a finished job is
+counted done up to WAIT later.
 
 A job started outside such a pass while a batch waits is logged after the batch
 (`defer_start`): the event log never shows more than num_workers jobs running.
