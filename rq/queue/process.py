@@ -3,10 +3,9 @@
 Owns the process: its lifecycle (start-up S2.7 through rq.queue.recovery, the loop S2.6,
 graceful stop S2.5, config reload S3.6), and its jobs as OS processes: spawning them (S6.1
 steps 3-5), their pipes (S6.4, S6.5, through rq.queue.pipes), reaping them, their deadlines
-and kills (S6.7, S6.8), and retrying a finish that hit an IO error.  It wires the queue's
-owners together: QueueState (the messages' lifecycle), Enqueue (creates), EndBatch (when
-finished jobs' moves are fsynced), Leases (pull mode), Cron (S9) and Commands (the socket's
-table, S7.3).  Only the entry point imports it.
+and kills (S6.7, S6.8), and retrying a finish that hit an IO error.  It wires together
+QueueState (lifecycle), Enqueue (creates), EndBatch (ends' fsync), Leases (pull), Cron (S9) and
+Commands (the socket's table, S7.3).  Only the entry point imports it.
 """
 
 from __future__ import annotations
@@ -136,11 +135,12 @@ class QueueProcess:
             started: list[J.Job] = []
             self.spawn_pending(started)
             self.ends.add(ended, started, time.monotonic())
-        with self.state.lock:
-            due = self.ends.due(time.monotonic(), self.state.jobs, stopping=self.state.stopping,
-                                workers=self.state.cfg.num_workers)
-        if due:
-            self.commit_ends()
+        if self.ends:  # ends wait: their fsync now? (the job table needs the lock)
+            with self.state.lock:
+                due = self.ends.due(time.monotonic(), self.state.jobs, stopping=self.state.stopping,
+                                    workers=self.state.cfg.num_workers)
+            if due:
+                self.commit_ends()
         self.state.housekeeping(time.monotonic())
 
     def commit_ends(self) -> None:
