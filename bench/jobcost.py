@@ -20,7 +20,9 @@ of the same script with fd 3 on /dev/null and `waitpid`), no queue and no durabi
 
 `--src DIR` (repeatable) also runs the same workload, interleaved, with the RQ of another
 checkout (e.g. a `git worktree` of an earlier commit, with its compiled `rq/_spawn*.so`
-copied in), so a change is measured against its predecessor in the same minutes.
+copied in), so a change is measured against its predecessor in the same minutes.  The order
+of the checkouts is reversed every other run: in one order only, the one measured first was
+slower in several sessions' runs (the disk's state left by what ran just before).
 
     tini -s -- .venv/bin/python bench/jobcost.py --tmpdir DIR [--n 2000] [--runs 3]
         [--workers 1,2] [--src OTHER_CHECKOUT ...]
@@ -231,7 +233,7 @@ def main() -> int:
         for run in range(args.runs):
             for w in worker_counts:
                 results.setdefault(("bare", w), []).append(run_bare(script, args.n, w))
-                for label, src in systems:
+                for label, src in (systems if run % 2 == 0 else systems[::-1]):
                     r = run_rq(base, f"{label}-w{w}-r{run}", src, args.n, w, args.breakdown)
                     results.setdefault((label, w), []).append(r)
                     print(f"run {run + 1} W={w} {label}: {r['rate']:.0f} jobs/s, "
