@@ -131,10 +131,13 @@ class QueueProcess:
             self.check_deadlines(time.monotonic())
             self.cron.run_pass(time.time() if now is None else now)  # S9.3, any mode
             self.state.schedule(now)
-        if ended:  # the jobs started in their slots run while the moves are fsynced
+        if ended:  # the jobs started in their slots first; then the ends' renames and fsync
             started: list[J.Job] = []
             self.spawn_pending(started)
-            self.ends.add(ended, started, time.monotonic())
+            with self.state.lock:  # a rename refused (no sync_dirs) leaves for a retry (D8)
+                moved = [job for job in ended if self.move_ended(job)]
+                self.state.settle([job.msg_id for job in ended if job.sync_dirs is None])
+            self.ends.add(moved, started, time.monotonic())
         if self.ends:  # ends wait: their fsync now? (the job table needs the lock)
             with self.state.lock:
                 due = self.ends.due(time.monotonic(), self.state.jobs, stopping=self.state.stopping,
@@ -307,8 +310,8 @@ class QueueProcess:
 
     # ================================================================ reaping and deadlines
     def reap(self) -> list[J.Job]:
-        """Reap every exited job and move its message (S6.6); the jobs whose fsync
-        run_once does after spawning those started in their slots (`ending`)."""
+        """Reap every exited job (S6.6); the ends that run_once moves and fsyncs after
+        spawning the jobs started in their slots (`ending`), the others moved here."""
         ended: list[J.Job] = []
         for pid, code, core in proc.reap_any():
             job = self.by_pid.pop(pid, None)
@@ -318,16 +321,13 @@ class QueueProcess:
             job.exit_wall = time.time()
             self.pipes.drain_at_exit(job)  # what is in the pipe now, no waiting for EOF
             # que/ changes (dups released or finished, itself back: S5.3, S5.4) come before
-            # the scheduler's next choice; the others share one fsync after the pass, marked
-            # `ending` before the rename (a reader outside the lock never sees final, run, final)
-            grouped = not (job.dups or self.decide(job).state == "que")
-            if grouped:
-                self.state.ending.add(job.msg_id)  # its slot is free for the pass
-            if not self.move_ended(job):
-                self.state.settle([job.msg_id])
-            elif grouped:
+            # the scheduler's next choice; the others are renamed after the next starts and
+            # share one fsync, marked `ending` first (a reader outside the lock never sees
+            # final, run, final) and their slots free for the pass
+            if not (job.dups or self.decide(job).state == "que"):
+                self.state.ending.add(job.msg_id)
                 ended.append(job)
-            else:
+            elif self.move_ended(job):
                 self.publish_ended([job], sync_moves(self.state.store, [job]))
         return ended
 
