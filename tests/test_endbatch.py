@@ -78,3 +78,35 @@ def test_two_workers_share_fsyncs_and_the_log_keeps_order(tmp_path: Path, root: 
             done_syncs += 1
     # one per end without the group commit; the bucket's own mkdir fsyncs are a few more
     assert done_syncs < n * 0.35, done_syncs
+
+
+def test_next_job_starts_before_the_end_is_renamed(tmp_path: Path, root: Path) -> None:
+    """A serial queue's chain of exit, reap and start carries no rename of the ended job:
+    the job started in its slot leaves que/ before the ended one leaves run/."""
+    n = 30
+    script = write_script(tmp_path / "quick.sh", '#!/bin/sh\necho "done ok" >&3\n')
+    make_queue(root, "one", script, num_workers=1)
+    pause = root / "config" / "one.pause"
+    pause.touch()  # every end finds its successor queued
+    oplog = tmp_path / "ops.jsonl"
+    q = QueueProc(root, "one", env={"RQ_FS_RECORD": str(oplog)})
+    try:
+        for _ in range(n):
+            assert q.call("create_message", {"dest": "one"})[0] == "ok"
+        pause.unlink()
+        wait_for(lambda: q.counts()["done"] == n, 60, what=f"{n} jobs done")
+    finally:
+        assert q.stop() == 0
+    in_run, at_end = 0, []  # messages in run/ (on disk) when each end is renamed
+    for line in oplog.read_text().splitlines():
+        op = json.loads(line)
+        if op["op"] != "rename":
+            continue
+        if "/queue/one/que/" in op["src"] and "/queue/one/run/" in op["dst"]:
+            in_run += 1
+        elif "/queue/one/run/" in op["src"] and "/queue/one/done/" in op["dst"]:
+            at_end.append(in_run)
+            in_run -= 1
+    assert len(at_end) == n
+    assert at_end[:-1] == [2] * (n - 1), at_end  # the last end has no successor
+    assert at_end[-1] == 1
