@@ -166,15 +166,30 @@ class FsOps:
 
     # -- the create journal (rq.queue.journal)
     def create_log(self, path: str) -> int:
-        """A new, empty file for appending; its descriptor (O_APPEND, close-on-exec)."""
+        """A new, empty file for records; its descriptor (close-on-exec)."""
         self.op("write")
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC,
-                       0o600)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
 
-    def append_log(self, fd: int, data: bytes) -> None:
-        """Append `data` to a file of create_log (not yet durable: sync_log)."""
+    def append_log(self, fd: int, data: bytes, offset: int) -> None:
+        """Write `data` at `offset`, the end of the records so far of a file of
+        create_log (not yet durable: sync_log)."""
         self.op("write")
-        _write_all(fd, data)
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def preallocate_log(self, fd: int, size: int) -> None:
+        """Allocate a file of create_log up to `size` bytes, zeros to a reader (the end
+        of its records): a record written inside them leaves the file's size as it was,
+        so its fdatasync need not write the inode too (issue 15: on ext4 ~40 us and ~20
+        us of CPU less per record).  Best effort: a file system that cannot allocate
+        ahead, or a full one, gets a file that grows with its records.  Not a seam
+        operation: nothing depends on it but the time of the next syncs."""
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError:
+            pass
 
     def sync_log(self, fd: int) -> None:
         """fdatasync: the appends so far are on stable storage."""

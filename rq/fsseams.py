@@ -108,11 +108,12 @@ class RecordingFsOps(FsOps):
             self.log.add("write", path=path, data=b"")
         return fd
 
-    def append_log(self, fd: int, data: bytes) -> None:
+    def append_log(self, fd: int, data: bytes, offset: int) -> None:
         """Logged as a write of the whole content: the model keeps a file's last
-        fsynced content or any later one, which for appends is a longer prefix."""
+        fsynced content or any later one, which for appends is a longer prefix (the
+        zeros of preallocate_log after it read as the end of the records: no content)."""
         with self._rec:
-            super().append_log(fd, data)
+            super().append_log(fd, data, offset)
             path, old = self._logs[fd]
             self._logs[fd] = (path, old + data)
             self.log.add("write", path=path, data=old + data)

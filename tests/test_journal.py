@@ -213,3 +213,32 @@ def test_records_end_at_a_torn_or_damaged_tail() -> None:
     assert [i for i, _ in journal.parse(good + second[:-1])] == ["20261129.1200.00.000.1"]
     damaged = second[:-2] + bytes([second[-2] ^ 1]) + second[-1:]
     assert [i for i, _ in journal.parse(good + damaged + good)] == ["20261129.1200.00.000.1"]
+
+
+def test_a_segment_is_allocated_ahead_from_its_second_append(tmp_path: Path) -> None:
+    """A segment of one record stays that size; from its second append it is allocated
+    ahead (ROOM bytes at a time), so a record's fdatasync does not also write the inode for
+    a new size, and the zeros after the records read as their end: replay finds them all."""
+    from rq.fsops import FsOps
+
+    class _Store:  # what the journal reads of a Store
+        qdir = str(tmp_path)
+
+    fs = FsOps()
+    fs.settle_delay = None  # no settler thread: the test settles nothing
+    j = journal.Journal(_Store(), fs)  # type: ignore[arg-type]
+    one = [("20261129.1200.00.000.1", b'{"msg_id":"20261129.1200.00.000.1"}')]
+    j.append(one)
+    [seg] = journal.segments(str(tmp_path))
+    assert os.path.getsize(seg) == len(journal.frame(*one[0]))
+    batch = [(f"20261129.1200.00.000.{i}", b"{}") for i in range(2, 40)]
+    j.append(batch[:1])
+    assert os.path.getsize(seg) >= journal.ROOM
+    big = [(f"20261129.1200.00.001.{i}", b"x" * 9000) for i in range(40)]  # past ROOM
+    j.append(batch[1:])
+    j.append(big)
+    assert os.path.getsize(seg) >= sum(len(journal.frame(*e)) for e in one + batch + big)
+    assert [i for i, _ in journal.read_records(str(tmp_path))] == [
+        i for i, _ in one + batch + big]
+    j.close()
+    assert journal.segments(str(tmp_path)) == []

@@ -2,7 +2,10 @@
 
 Owns the segments `queue/NAME/journal-<ns>.jnl`.  A create is acknowledged once one
 record of it (its id and, for a message allocated here, its msg) is appended to the
-open segment and that segment is fdatasynced: one flush for a whole group commit.  The
+open segment and that segment is fdatasynced: one flush for a whole group commit (from its
+second append a segment is allocated ahead of its records, ROOM bytes at a time, so that the
+flush writes the record and not also the inode for a new size; the zeros after the records
+read as their end).  The
 directories the create made (the msg in its spare, the renames to prep/ID and que/ID)
 are not fsynced on that path.  They are made durable together, later, when the journal
 *settles*: the segment is closed, one syncfs(2) makes every earlier write of the
@@ -46,6 +49,7 @@ PREFIX, SUFFIX = "journal-", ".jnl"  # the stem between them: the opening time i
 MAGIC = b"RQJ1"
 HEAD = struct.Struct(">4sII")  # magic, payload length, crc32 of the payload
 SETTLE_AFTER = 4096            # records in the open segment that ask for a settle now
+ROOM = 256 * 1024              # bytes a segment is allocated ahead of its records, at a time
 
 
 # ---------------------------------------------------------------- records (pure)
@@ -194,6 +198,7 @@ class Journal:
         self._settling = threading.Lock()      # one settle at a time
         self._wake = threading.Condition(self._lock)
         self._fd, self._path, self._size, self._count = -1, "", 0, 0
+        self._room = 0  # bytes of the open segment allocated ahead (ROOM)
         self._pending: dict[str, set[str]] = {}  # segment -> ids, until settled
         self._closed = False
         self._thread: threading.Thread | None = None  # only while records are pending
@@ -208,8 +213,12 @@ class Journal:
                 raise OSError(5, "the journal is closed")
             if self._fd < 0:
                 self._open_segment()
+            end = self._size + len(blob)
+            if self._size and end > self._room:  # a segment of one record stays small
+                self._room = end + ROOM
+                self.fs.preallocate_log(self._fd, self._room)
             try:
-                self.fs.append_log(self._fd, blob)
+                self.fs.append_log(self._fd, blob, self._size)
                 self.fs.sync_log(self._fd)
             except OSError:
                 self._cut_back()
@@ -238,7 +247,7 @@ class Journal:
             except OSError:
                 pass
             raise
-        self._fd, self._path, self._size, self._count = fd, path, 0, 0
+        self._fd, self._path, self._size, self._count, self._room = fd, path, 0, 0, 0
 
     def _cut_back(self) -> None:
         """After a failed append: what it wrote may reach the disk, so it is cut off, and
@@ -259,7 +268,7 @@ class Journal:
     def _close_segment(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
-        self._fd, self._path, self._size, self._count = -1, "", 0, 0
+        self._fd, self._path, self._size, self._count, self._room = -1, "", 0, 0, 0
 
     # ------------------------------------------------------------ settling
     def settle(self) -> None:
