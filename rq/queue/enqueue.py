@@ -37,7 +37,6 @@ from rq.queue.state import QueueState
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 64
-BULK_THREADS = 32  # threads allocating a bulk batch: their fsyncs overlap (create_batch)
 
 
 @dataclass
@@ -113,9 +112,8 @@ class Enqueue:
         """create() for several messages at once, sharing one commit
         (commit_batch); per message its id and None, or "" and its Fail.  A
         message that fails after its allocation is removed from prep.  With
-        `bulk` (rq.queue.createstream: no attachments to link), BULK_THREADS threads
-        allocate, each message under an id taken beforehand in input order (so
-        the que order, S5.1, is the input's)."""
+        `bulk` (rq.queue.createstream: no attachments to link) the ids are taken
+        together beforehand, in input order (so the que order, S5.1, is the input's)."""
         out: list[tuple[str, Fail | None]] = []
         made: list[tuple[int, str, str]] = []
         blobs: dict[str, bytes] = {}
@@ -145,12 +143,11 @@ class Enqueue:
             return exc
 
     def allocate_bulk(self, many: list[dict[str, Any]]) -> list[tuple[str, str, bytes] | Fail]:
+        """One by one, on the caller's thread: with the create journal an allocation
+        fsyncs nothing (allocate_with), so threads would overlap no wait, and they cost
+        each frame their start and the loop the GIL (issue 15; docs/benchmarks.md)."""
         ids = self.state.store.new_ids(time.time(), len(many))
-        if len(many) <= 1:
-            return [self._allocate_one(f, None, i) for f, i in zip(many, ids)]
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(min(BULK_THREADS, len(many)), "rq-alloc") as pool:
-            return list(pool.map(self._allocate_one, many, [None] * len(many), ids))
+        return [self._allocate_one(f, None, i) for f, i in zip(many, ids)]
 
     def allocate_with(self, fields: dict[str, Any], src_path: str | None,
                       msg_id: str | None = None) -> tuple[str, str, bytes]:
