@@ -197,8 +197,8 @@ class Journal:
         self._lock = threading.Lock()          # the open segment and `_pending`
         self._settling = threading.Lock()      # one settle at a time
         self._wake = threading.Condition(self._lock)
-        self._fd, self._path, self._size, self._count = -1, "", 0, 0
-        self._room = 0  # bytes of the open segment allocated ahead (ROOM)
+        # the open segment: descriptor, path, bytes and records in it, bytes allocated (ROOM)
+        self._fd, self._path, self._size, self._count, self._room = -1, "", 0, 0, 0
         self._pending: dict[str, set[str]] = {}  # segment -> ids, until settled
         self._closed = False
         self._thread: threading.Thread | None = None  # only while records are pending
