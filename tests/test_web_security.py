@@ -47,6 +47,7 @@ from rq import client as rqclient
 from rq import protocol
 from rq.config import load_main_config
 from rq.errors import ConnectError, Fail
+from rq.queue import journal, snapshot as que_snapshot
 from rq.store import Store, check_attachment_name
 from rq.web import create_app
 from rq.web.wsgi import normalize_path
@@ -419,11 +420,15 @@ def diff(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
 
 
 def runtime_file(rel: str) -> bool:
-    """Files daemons rewrite on their own: logs, sockets, pids, and the pool of spare message
-    directories a queue refills in the background (rq/spares.py)."""
+    """Files daemons rewrite on their own: logs, sockets, pids, the pool of spare message
+    directories a queue refills in the background (rq/spares.py), and a queue's create
+    journal segments and que/ checkpoint, which it writes and removes a while after the
+    creates that caused them (rq/queue/journal.py, rq/queue/snapshot.py)."""
     parts = rel.split(os.sep)
-    daemon_files = ("queue.sock", "queue.pid", "queuemgr.sock", "queuemgr.pid")
-    return parts[0] == "log" or ".spare" in parts or parts[-1] in daemon_files
+    daemon_files = ("queue.sock", "queue.pid", "queuemgr.sock", "queuemgr.pid",
+                    que_snapshot.CHECKPOINT)
+    segment = parts[-1].startswith(journal.PREFIX) and parts[-1].endswith(journal.SUFFIX)
+    return parts[0] == "log" or ".spare" in parts or parts[-1] in daemon_files or segment
 
 
 def outside_snapshot(site: Site) -> dict[str, tuple]:
