@@ -315,8 +315,8 @@ static PyObject *spawn_job(PyObject *self, PyObject *args)
     }
     /* The job's start time (/proc/PID/stat field 22: its task's start_boottime in
      * clock ticks) lies between `before` and the child's first step: known when
-     * both fall in one tick (all but ~0.1 % of starts here), without the child
-     * reading /proc/self/stat (~17 us of each start's wait, issue 15). */
+     * both fall in one tick (all but a few starts in a thousand here), without
+     * the child reading /proc/self/stat (~17 us of each start's wait, issue 15). */
     tick_ns = 1000000000LL / sysconf(_SC_CLK_TCK);
     if (before == 0 || j.child_ns == 0 || before / tick_ns != j.child_ns / tick_ns)
         return Py_BuildValue("(lO)", (long)pid, Py_None);

@@ -171,8 +171,9 @@ def spawn_job(cmd: list[str], *, cwd: str, env: dict[str, str], stdio_log: str,
     `header` is the text after `<pid> - ` in the RQ START line.  Returns the pid
     (which is also the job's process group id) and its start_time() when the
     helper could tell it (from the clock just before the fork and at the child's
-    first step, when both fall in one clock tick: all but ~0.1 % of starts; reading
-    /proc here after the spawn waits ~0.25 ms for the exec to finish), else None.
+    first step, when both fall in one clock tick: all but a few starts in a
+    thousand; reading /proc here after the spawn waits ~0.25 ms for the exec to
+    finish), else None.
     """
     if _spawn is not None:
         path = env.get("PATH")
