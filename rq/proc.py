@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from types import ModuleType
 
+from rq.errors import RQError
+
 # The wrapper runs as `sh -c WRAPPER rq-job DIR HEADER CMD...`.  fd 3 and 4
 # arrive already in place (posix_spawn dup2), every other descriptor is
 # close-on-exec.  `$$` is the job's pid: exec keeps it, so the header names the
@@ -90,6 +92,18 @@ class Daemon:
     popen: subprocess.Popen[bytes] | ForkedProcess
     lifeline_w: int
     ready_r: int
+
+
+def hold_lock(path: str, busy: str) -> int:
+    """An exclusive flock on `path` (created if missing), held until the process
+    exits; its descriptor.  RQError(`busy`) when another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        raise RQError(busy) from exc
+    return fd
 
 
 def spawn_daemon(argv: list[str], *, cwd: str, env: dict[str, str]) -> Daemon:

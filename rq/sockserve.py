@@ -22,6 +22,11 @@ concurrent enqueues share one commit (rq.queue.enqueue) and the request path
 runs on one thread: with a thread per request, eight clients made eight
 threads hand the GIL to each other at every system call.
 
+A `pumped` server has no I/O thread: its owner's loop watches `fileno()` and
+`timeout()` and calls `pump()` and `tick()`, so that work, the batches' answers
+included, runs on the loop's thread (a queue process with one worker, issue 15: two
+threads that both had work handed the GIL to each other at every system call).
+
 Replies are written without blocking; what the socket does not take at once is
 left to the I/O thread, which writes it as the client reads (issue 13 part 5:
 a client that never reads its reply holds no thread).  The bytes so held are
@@ -32,6 +37,7 @@ dropped (rq/sockwrite.py owns those replies and says which go first).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import selectors
@@ -44,7 +50,7 @@ from typing import Any
 
 from rq import protocol
 from rq.errors import Fail, ProtocolError
-from rq.sockwrite import MAX_UNSENT, UnsentReplies, Writing
+from rq.sockwrite import MAX_UNSENT, UnsentReplies, Writing, drain_input
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +63,6 @@ ACCEPT_PAUSE = 0.1  # after a failed accept (EMFILE), before trying again
 
 BAD_REQUEST = ["fail", "bad request"]
 Handed = tuple[socket.socket, bytes, int, threading.Event]  # a reply for the I/O thread
-
-
-def _drain(conn: socket.socket, limit: float = 1.0) -> None:
-    """After refusing a frame, read off what the client still sends before
-    closing: closing a socket with unread input resets the connection on
-    Linux, and the client would lose the reply (S7.1)."""
-    try:
-        conn.shutdown(socket.SHUT_WR)
-        conn.settimeout(limit)
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline and conn.recv(65536):
-            pass
-    except OSError:
-        pass
 
 
 class KeepOpen:
@@ -119,9 +111,10 @@ class Rq1Server:
     """Serve `handler` (and `batch_handler` for `batch_cmds`) on a Unix socket at `path`."""
 
     def __init__(self, path: str, handler: Handler, *, batch_cmds: Collection[str] = (),
-                 batch_handler: BatchHandler | None = None,
+                 batch_handler: BatchHandler | None = None, pumped: bool = False,
                  max_unsent: int = MAX_UNSENT, prestart_workers: int = SPARE_WORKERS) -> None:
         self.path = path
+        self.pumped = pumped  # no I/O thread: the owner's loop calls pump() and tick()
         self.prestart_workers = prestart_workers  # started with the server; later ones on demand
         self.max_unsent = max_unsent
         self.handler = handler
@@ -154,21 +147,53 @@ class Rq1Server:
         self._io_closed = False             # set (under _lock) once the I/O thread ended
         for _ in range(self.prestart_workers):
             self._add_worker()
+        if self.pumped:
+            self._io_setup()
+            return
         self._io = threading.Thread(target=self._io_loop, name="rq1-io", daemon=True)
         self._io.start()
+
+    def fileno(self) -> int:
+        """Pumped: readable when pump() has work (watch it in the owner's selector)."""
+        return self._sel.fileno()
+
+    def pump(self, _fd: int = -1) -> None:
+        """Pumped: one pass of the I/O thread's work, without waiting."""
+        self._io_pass(0.0)
+
+    def timeout(self) -> float:
+        """Seconds until tick() has work (pumped: a deadline, an accept pause), or inf."""
+        due = self._select_timeout() if self.pumped and not self._io_closed else None
+        return math.inf if due is None else due
+
+    def tick(self) -> None:
+        """The owner's pass: what is due without the socket's being readable (pumped)."""
+        if self.timeout() == 0.0:
+            self._io_pass(0.0)
 
     def close(self, reply_grace: float = REPLY_GRACE) -> None:
         """Stop accepting, then wait (at most `reply_grace` s) for the replies
         being written, so e.g. the "ok" of `shutdown` reaches its client
-        before the process exits."""
-        io, self._io = self._io, None
-        if io is None:
-            return
+        before the process exits.  Pumped: on the thread that pumps."""
         deadline = time.monotonic() + reply_grace
-        self._stopping = True
-        os.write(self._wake_w, b"x")
-        io.join(reply_grace)  # it closes the listening socket and unread connections
-        if not io.is_alive():  # closed here, never while close() may still write to it
+        if self.pumped:  # what the I/O thread does when it stops, here
+            if self._sock is None or self._io_closed:
+                return
+            self._stopping = True
+            self._stop_reading()
+            while self._unsent.writing and time.monotonic() < deadline:
+                self._io_pass(min(0.05, max(0.0, deadline - time.monotonic())))
+            self._io_end()
+            ended = True
+        else:
+            io, self._io = self._io, None
+            if io is None:
+                return
+            self._stopping = True
+            os.write(self._wake_w, b"x")
+            io.join(reply_grace)  # it closes the listening socket and unread connections
+            ended = not io.is_alive()
+        if ended:  # closed here, never while close() may still write to it
             os.close(self._wake_r)
             os.close(self._wake_w)
         try:
@@ -182,8 +207,8 @@ class Rq1Server:
             self._jobs.put(None)  # idle workers exit; busy ones retire after their job
 
     # ------------------------------------------------------------ the I/O thread
-    # Only the I/O thread touches _sel, _reading, _unsent and _batch.
-    def _io_loop(self) -> None:
+    # Only the I/O thread (or the one that pumps) touches _sel, _reading, _unsent, _batch.
+    def _io_setup(self) -> None:
         assert self._sock is not None
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._sock, selectors.EVENT_READ)
@@ -192,6 +217,9 @@ class Rq1Server:
         self._unsent = UnsentReplies(self._sel, self._done, self.max_unsent, READ_TIMEOUT)
         self._batch: list[tuple[socket.socket, str, str | None]] = []
         self._accept_paused_until: float | None = None
+
+    def _io_loop(self) -> None:
+        self._io_setup()
         try:
             while not self._stopping:
                 self._io_pass()
@@ -201,15 +229,21 @@ class Rq1Server:
         except Exception:  # a bug here must not leave the socket silently dead
             log.exception("rq1 I/O thread failed")
         finally:
-            with self._lock:
-                self._io_closed = True
-            self._take_outbox()
-            self._unsent.end_all()
-            self._stop_reading()
-            self._sel.close()
+            self._io_end()
 
-    def _io_pass(self) -> None:
-        for key, _ in self._sel.select(self._select_timeout()):
+    def _io_end(self) -> None:
+        with self._lock:
+            self._io_closed = True
+        self._take_outbox()
+        self._unsent.end_all()
+        self._stop_reading()
+        self._sel.close()
+
+    def _io_pass(self, timeout: float | None = -1.0) -> None:
+        """Wait at most `timeout` s (default: until the next deadline), then do what is ready."""
+        if timeout is not None and timeout < 0:
+            timeout = self._select_timeout()
+        for key, _ in self._sel.select(timeout):
             if key.fileobj == self._wake_r:
                 self._drain_wake()  # before the outbox: a hand-over after it wakes us again
             self._take_outbox()
@@ -436,7 +470,7 @@ class Rq1Server:
             data = protocol.encode_reply(reply)
             if reply == BAD_REQUEST:
                 conn.sendall(data)
-                _drain(conn)
+                drain_input(conn)
                 return
             conn.setblocking(False)  # what the client does not take now: the I/O thread's
             try:

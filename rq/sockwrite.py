@@ -2,8 +2,8 @@
 
 Owns: the replies that a socket did not take at once (rq/sockserve.py hands them
 over), writing them as their clients read, their deadline, and the cap on the bytes
-they hold (issue 13 part 5, S7.1).  Used by the server's I/O thread only; it must
-not read requests or call handlers.
+they hold (issue 13 part 5, S7.1).  Used by the server's I/O thread only (pumped: the
+thread that pumps it); it must not read requests or call handlers.
 
 Over the cap the connections that do not read are dropped: first those whose client
 has read nothing (none of what the worker's first send wrote, by the kernel's count of
@@ -20,6 +20,9 @@ dropped client sees its frame end short, which every rq1 client reports as an er
 the replies read within STALLED seconds, plus the newest reply; a reply still ends at
 its deadline however slowly it is read.  One log line when dropping starts, one when
 the total is back under half the cap.
+
+Also `drain_input`, for a worker that refused a frame: what its client still sends is
+read off before the close, so that the refusal is not lost to a reset.
 """
 
 from __future__ import annotations
@@ -146,3 +149,17 @@ class UnsentReplies:
             if self.writing.get(fd) is w and len(w.data) == left:
                 self.dropped += 1
                 self.end(w)
+
+
+def drain_input(conn: socket.socket, limit: float = 1.0) -> None:
+    """After refusing a frame, read off what the client still sends before
+    closing: closing a socket with unread input resets the connection on
+    Linux, and the client would lose the reply (S7.1)."""
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(limit)
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and conn.recv(65536):
+            pass
+    except OSError:
+        pass

@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from rqtest import QueueProc, make_queue, wait_for
+from rqtest import QueueProc, make_queue, settled_threads, wait_for
 
 from rq.builtin import cleaner
 from rq.fsck import check_root
@@ -154,9 +154,11 @@ def test_the_journal_settles_on_its_own_and_at_a_stop(root: Path) -> None:
     paused(root)
     q = QueueProc(root, "j")
     try:
+        [idle] = settled_threads(q.popen.pid)
         q.call("create_message", {"dest": "j"})
+        assert len(os.listdir(f"/proc/{q.popen.pid}/task")) > idle  # the settler, until
         wait_for(lambda: segments(root, "j") == [], 10, what="the journal to settle")
-        wait_for(lambda: "rq-journal" not in _thread_names(q.popen.pid), 10,
+        wait_for(lambda: len(os.listdir(f"/proc/{q.popen.pid}/task")) == idle, 10,
                  what="the settler thread to leave")
     finally:
         q.stop()
@@ -167,17 +169,6 @@ def test_the_journal_settles_on_its_own_and_at_a_stop(root: Path) -> None:
     finally:
         assert q.stop() == 0
     assert segments(root, "j") == []
-
-
-def _thread_names(pid: int) -> list[str]:
-    names = []
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
-                names.append(fh.read().strip())
-        except OSError:
-            pass
-    return names
 
 
 def test_the_cleaner_keeps_what_is_younger_than_the_oldest_segment(tmp_path: Path) -> None:

@@ -84,12 +84,12 @@ def test_fifty_queues_forked_serve_and_each_runs_a_message(root: str, tmp_path) 
         pids = [qs[n]["pid"] for n in names]
         assert len(set(pids)) == N and set(pids) <= set(children)
         assert any(p.cmdline()[0].startswith("[rq-que-fork]") for p in children.values())
-        # before any request: the loop, the socket's I/O thread and, until the spares are
-        # made, their filler; no idle socket workers (each thread is private memory of an
-        # idle queue, issue 17)
-        assert max(children[p].num_threads() for p in pids) <= 3
-        wait_for(lambda: all(children[p].num_threads() == 2 for p in pids), 60, 0.05,
-                 "every idle queue down to its loop and socket I/O thread")
+        # before any request: the loop, which serves the socket too (one worker: no I/O
+        # thread, issue 15) and, until the spares are made, their filler; no idle socket
+        # workers (each thread is private memory of an idle queue, issue 17)
+        assert max(children[p].num_threads() for p in pids) <= 2
+        wait_for(lambda: all(children[p].num_threads() == 1 for p in pids), 60, 0.05,
+                 "every idle queue down to its loop")
         for name in names:
             assert call_queue(root, name, "ping") == ["pong"]
             assert os.getpgid(qs[name]["pid"]) == qs[name]["pid"]  # its own group (S2.1)

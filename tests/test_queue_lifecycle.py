@@ -22,8 +22,9 @@ import pytest
 
 from rq.store import Store
 from rqtest import (
-    REPO, LifelineQueueProc, QueueProc, create_msg, make_queue, msg_events, process_gone, short_id,
-    start_header_pids, wait_file, wait_for,
+    REPO, LifelineQueueProc, QueueProc, create_msg, decode_reply_frame, make_queue, msg_events,
+    process_gone, raw_exchange, settled_threads, short_id, start_header_pids, wait_file,
+    wait_for,
 )
 from rqtest import job as ops
 
@@ -316,6 +317,27 @@ def test_a_second_queue_process_for_the_same_queue_refuses_to_start(
     assert q.call("ping") == ["pong"]
     full = create_msg(q, param1=ops(["w", "done still serving\n"]))
     q.wait_state(full, "done")
+
+
+def test_one_job_at_a_time_the_loop_serves_the_socket_else_an_io_thread_does(
+        root: Path, launch: Launch, driver: Path) -> None:
+    """Issue 15: a queue that runs one job at a time serves its socket from its own loop (no
+    I/O thread: the two handed the GIL to each other at every system call); with more
+    workers an I/O thread serves it, its creates overlapping the loop's waits.  Either way
+    creates are answered and run, other requests too, and a bad frame is refused."""
+    for name, workers in (("one", 1), ("three", 3)):
+        make_queue(root, name, driver, num_workers=workers)
+    qs = {name: launch(name) for name in ("one", "three")}  # each pinged alike when ready
+    one, three = settled_threads(*(q.popen.pid for q in qs.values()))
+    assert three == one + 1  # the same loop and kept socket workers, and an I/O thread
+    for name, q in qs.items():
+        fulls = [create_msg(q, param1=ops(["w", f"done {i}\n"])) for i in range(6)]
+        assert q.call("ping") == ["pong"]
+        assert decode_reply_frame(raw_exchange(str(root / "queue" / name / "queue.sock"),
+                                               b"rq1 0000000x ")) == ["fail", "bad request"]
+        for i, full in enumerate(fulls):
+            q.wait_state(full, "done")
+            assert q.message(full)["status"] == f"done - {i}"
 
 
 # ================================================================ S13 events

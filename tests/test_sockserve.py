@@ -2,6 +2,8 @@
 reach their clients (the "ok" of `shutdown` arrives before the process exits);
 one I/O thread reads every request, a slow or broken client holds up no one,
 and the requests of a batch command read in one pass are answered together.
+A pumped server (a queue process with one job at a time, issue 15) has no I/O
+thread: its owner's loop pumps it; the tests of both kinds run on each.
 
 Bad frames (bad magic, bad size, short reads, garbage) are tested here once: the
 manager, queue and timers processes all serve their socket with this server, and
@@ -10,8 +12,10 @@ their own tests keep one smoke test each that a bad frame reaches it."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
+import selectors
 import socket
 import threading
 import time
@@ -30,8 +34,52 @@ from rq.client import read_frame
 from rq.sockserve import Rq1Server
 
 
-def blocking_server(tmp_path: Path, reply: Any) -> tuple[Rq1Server, str, threading.Event,
-                                                          threading.Event]:
+MODES = ["thread", "pumped"]
+
+
+class Served:
+    """A started server of either kind.  Pumped, a thread stands for the owner's loop
+    (rq.queue.process): it waits on the server's fd and its timeout(), then pumps and
+    ticks; close() closes the server on that thread, as the loop does at its end."""
+
+    def __init__(self, path: str, handler: Any, mode: str, **kwargs: Any) -> None:
+        self.server = Rq1Server(path, handler, pumped=mode == "pumped", **kwargs)
+        self.server.start()
+        self.pumping: threading.Thread | None = None
+        if mode == "pumped":
+            self._grace = sockserve.REPLY_GRACE
+            self._stop = threading.Event()
+            self._wake_r, self._wake_w = os.pipe()
+            self.pumping = threading.Thread(target=self._pump, name="test-pump", daemon=True)
+            self.pumping.start()
+
+    def _pump(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self.server.fileno(), selectors.EVENT_READ)
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        while not self._stop.is_set():
+            due = self.server.timeout()
+            sel.select(None if due == math.inf else due)
+            self.server.pump()
+            self.server.tick()
+        self.server.close(self._grace)
+        sel.close()
+
+    def close(self, reply_grace: float = sockserve.REPLY_GRACE) -> None:
+        if self.pumping is None:
+            self.server.close(reply_grace)
+            return
+        self._grace = reply_grace
+        self._stop.set()
+        os.write(self._wake_w, b"x")
+        self.pumping.join(30)
+        assert not self.pumping.is_alive()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+def blocking_server(tmp_path: Path, reply: Any, mode: str = "thread"
+                    ) -> tuple[Served, str, threading.Event, threading.Event]:
     """A started server whose handler signals `started`, then waits for `release` (10 s at
     most) before answering `reply` (None: ["ok", cmd])."""
     started = threading.Event()
@@ -43,13 +91,12 @@ def blocking_server(tmp_path: Path, reply: Any) -> tuple[Rq1Server, str, threadi
         return ["ok", cmd] if reply is None else reply
 
     path = str(tmp_path / "s.sock")
-    server = Rq1Server(path, handler)
-    server.start()
-    return server, path, started, release
+    return Served(path, handler, mode), path, started, release
 
 
-def test_close_waits_for_a_reply_in_flight(tmp_path: Path) -> None:
-    server, path, started, release = blocking_server(tmp_path, None)
+@pytest.mark.parametrize("mode", MODES)
+def test_close_waits_for_a_reply_in_flight(tmp_path: Path, mode: str) -> None:
+    server, path, started, release = blocking_server(tmp_path, None, mode)
     got: list[Any] = []
     caller = threading.Thread(target=lambda: got.append(client.call(path, "shutdown")))
     caller.start()
@@ -62,8 +109,9 @@ def test_close_waits_for_a_reply_in_flight(tmp_path: Path) -> None:
     assert not Path(path).exists()
 
 
-def test_close_gives_up_after_the_grace(tmp_path: Path) -> None:
-    server, path, started, release = blocking_server(tmp_path, ["ok"])
+@pytest.mark.parametrize("mode", MODES)
+def test_close_gives_up_after_the_grace(tmp_path: Path, mode: str) -> None:
+    server, path, started, release = blocking_server(tmp_path, ["ok"], mode)
     caller = threading.Thread(target=lambda: client.call(path, "slow"), daemon=True)
     caller.start()
     assert started.wait(5)
@@ -129,15 +177,19 @@ def test_workers_are_started_with_the_server_only_as_asked_then_on_demand_and_ke
         server.close()
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_requests_read_in_one_pass_are_answered_as_one_batch(
-        tmp_path: Path, connect: Callable[[str], socket.socket]) -> None:
+        tmp_path: Path, connect: Callable[[str], socket.socket], mode: str) -> None:
     """While the batch handler is busy, the requests that arrive wait in the
-    kernel; the next pass reads them all and hands them over together."""
+    kernel; the next pass reads them all and hands them over together.  It runs on
+    the I/O thread or, pumped, on the thread that pumps."""
     batches: list[list[str | None]] = []
+    threads: set[str] = set()
     first_in = threading.Event()
     release = threading.Event()
 
     def batch(requests: list[tuple[str, str | None]]) -> list[Any]:
+        threads.add(threading.current_thread().name)
         batches.append([arg for _, arg in requests])
         if len(batches) == 1:
             first_in.set()
@@ -145,8 +197,7 @@ def test_requests_read_in_one_pass_are_answered_as_one_batch(
         return [["ok", arg] for _, arg in requests]
 
     path = str(tmp_path / "s.sock")
-    server = Rq1Server(path, echo, batch_cmds={"put"}, batch_handler=batch)
-    server.start()
+    server = Served(path, echo, mode, batch_cmds={"put"}, batch_handler=batch)
     try:
         first = connect(path)
         first.sendall(frame("put", "a"))
@@ -158,13 +209,15 @@ def test_requests_read_in_one_pass_are_answered_as_one_batch(
         assert answer(first) == ["ok", "a"]
         assert [answer(s) for s in others] == [["ok", str(i)] for i in range(7)]
         assert batches == [["a"], [str(i) for i in range(7)]]
+        assert threads == {"test-pump" if mode == "pumped" else "rq1-io"}
         assert client.call(path, "other", raw=True) == ["ok", "other", None]  # not batched
     finally:
         server.close()
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_a_batch_handler_failure_answers_every_request_and_serving_goes_on(
-        tmp_path: Path) -> None:
+        tmp_path: Path, mode: str) -> None:
     calls: list[int] = []
 
     def batch(requests: list[tuple[str, str | None]]) -> list[Any]:
@@ -175,8 +228,7 @@ def test_a_batch_handler_failure_answers_every_request_and_serving_goes_on(
         return [outcomes.get(arg or "", ["ok", arg]) for _, arg in requests]
 
     path = str(tmp_path / "s.sock")
-    server = Rq1Server(path, echo, batch_cmds={"put"}, batch_handler=batch)
-    server.start()
+    server = Served(path, echo, mode, batch_cmds={"put"}, batch_handler=batch)
     try:
         assert client.call(path, "put", "a", raw=True) == ["fail", "internal error"]
         assert client.call(path, "put", "bad", raw=True) == ["fail", "bad request"]
@@ -188,11 +240,26 @@ def test_a_batch_handler_failure_answers_every_request_and_serving_goes_on(
         server.close()
 
 
-def test_a_slow_client_holds_up_no_one_and_a_frame_may_arrive_in_pieces(
-        tmp_path: Path, connect: Callable[[str], socket.socket]) -> None:
+def test_a_pumped_server_has_no_io_thread_and_workers_hand_it_their_unsent_replies(
+        tmp_path: Path) -> None:
+    """Pumped, no rq1-io thread starts; a worker's reply that the socket does not take
+    at once goes to the pumping thread (the hand-over wakes its fd), which writes it."""
+    before = set(threading.enumerate())
+    size = 4_000_000  # more than a Unix socket's buffer: the worker cannot send it all
     path = str(tmp_path / "s.sock")
-    server = Rq1Server(path, echo)
-    server.start()
+    server = Served(path, lambda cmd, arg, conn: ["ok", "x" * size], "pumped")
+    try:
+        assert not [t for t in set(threading.enumerate()) - before if t.name == "rq1-io"]
+        assert client.call(path, "big") == ["ok", "x" * size]
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_slow_client_holds_up_no_one_and_a_frame_may_arrive_in_pieces(
+        tmp_path: Path, connect: Callable[[str], socket.socket], mode: str) -> None:
+    path = str(tmp_path / "s.sock")
+    server = Served(path, echo, mode)
     try:
         slow = connect(path)
         data = frame("status", '{"a":1}')
@@ -205,13 +272,14 @@ def test_a_slow_client_holds_up_no_one_and_a_frame_may_arrive_in_pieces(
         server.close()
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_an_incomplete_frame_is_refused_after_the_read_deadline(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        connect: Callable[[str], socket.socket]) -> None:
+        connect: Callable[[str], socket.socket], mode: str) -> None:
+    """Pumped, the owner's loop waits no longer than timeout() says: the deadline."""
     monkeypatch.setattr(sockserve, "READ_TIMEOUT", 0.3)
     path = str(tmp_path / "s.sock")
-    server = Rq1Server(path, echo)
-    server.start()
+    server = Served(path, echo, mode)
     try:
         stalled = connect(path)
         stalled.sendall(b"rq1 0000")
@@ -230,8 +298,9 @@ def test_an_incomplete_frame_is_refused_after_the_read_deadline(
         server.close()
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_a_handler_that_keeps_the_connection_reads_the_frames_sent_after_the_first(
-        tmp_path: Path, connect: Callable[[str], socket.socket]) -> None:
+        tmp_path: Path, connect: Callable[[str], socket.socket], mode: str) -> None:
     """The I/O thread reads no byte past the request's frame: a subscription
     reads the client's later frames itself (S8.8)."""
     def handler(cmd: str, arg: Any, conn: socket.socket) -> Any:
@@ -241,8 +310,7 @@ def test_a_handler_that_keeps_the_connection_reads_the_frames_sent_after_the_fir
         return sockserve.KEEP_OPEN
 
     path = str(tmp_path / "s.sock")
-    server = Rq1Server(path, handler)
-    server.start()
+    server = Served(path, handler, mode)
     try:
         s = connect(path)
         s.sendall(frame("subscribe", "x") + frame("send", "y"))  # one write, two frames
@@ -251,15 +319,16 @@ def test_a_handler_that_keeps_the_connection_reads_the_frames_sent_after_the_fir
         server.close()
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_accept_failures_pause_accepting_instead_of_spinning(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, mode: str) -> None:
     """Out of file descriptors (EMFILE), a pending connection keeps the socket
     readable: the I/O thread stops watching it for ACCEPT_PAUSE between tries,
-    and answers the client once descriptors are free again."""
+    and answers the client once descriptors are free again (pumped: the owner's
+    loop wakes at the pause's end, timeout(), and tick() resumes accepting)."""
     import resource
     path = str(tmp_path / "s.sock")
-    server = Rq1Server(path, echo)
-    server.start()
+    server = Served(path, echo, mode)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     opened: list[socket.socket] = []
     try:
@@ -298,12 +367,13 @@ def daemon_handler(cmd: str, arg: Any, conn: Any) -> Any:
     return {"ping": ["pong"], "status": ["PAUSE"]}.get(cmd, ["ok", cmd, arg])
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One server shared by the bad-frame tests (none of them changes it): its socket."""
+@pytest.fixture(scope="module", params=MODES)
+def served(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+           ) -> Iterator[str]:
+    """One server of each kind shared by the bad-frame tests (none of them changes it):
+    its socket."""
     path = str(tmp_path_factory.mktemp("frames") / "s.sock")
-    server = Rq1Server(path, daemon_handler)
-    server.start()
+    server = Served(path, daemon_handler, request.param)
     yield path
     assert pings(path), "the server stopped answering during the bad-frame tests"
     server.close()
@@ -393,24 +463,25 @@ def test_s7_1_random_garbage_is_a_bad_request(served: str, garbage: bytes) -> No
     assert client.call(served, "ping") == ["pong"]
 
 
+@pytest.mark.parametrize("mode", MODES)
 def test_over_the_unsent_cap_deaf_clients_are_dropped_and_readers_get_whole_replies(
-        tmp_path: Path) -> None:
+        tmp_path: Path, mode: str) -> None:
     """Issue 13 part 5: replies that clients do not read are capped (`max_unsent`, here
     1 MiB): over the cap the connections that take nothing are closed, their frames cut
     short; a client that reads gets its whole reply, even one larger than the cap."""
     sizes = {"small": 300_000, "huge": 3_000_000}
-    server = Rq1Server(str(tmp_path / "s.sock"),
-                       lambda cmd, arg, conn: ["ok", "x" * sizes[cmd]], max_unsent=1 << 20)
-    server.start()
+    path = str(tmp_path / "s.sock")
+    server = Served(path, lambda cmd, arg, conn: ["ok", "x" * sizes[cmd]], mode,
+                    max_unsent=1 << 20)
     deaf = []
     try:
         for _ in range(8):
             sock = socket.socket(socket.AF_UNIX)
-            sock.connect(server.path)
+            sock.connect(path)
             sock.sendall(protocol.encode_request("small"))
             assert select.select([sock], [], [], 10)[0]  # its reply started; never read
             deaf.append(sock)
-            assert client.call(server.path, "huge") == ["ok", "x" * sizes["huge"]]
+            assert client.call(path, "huge") == ["ok", "x" * sizes["huge"]]
         frame = len(protocol.encode_reply(["ok", "x" * sizes["small"]]))
         got = []
         for sock in deaf:

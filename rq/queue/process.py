@@ -10,7 +10,6 @@ Commands (the socket's table, S7.3).  Only the entry point imports it.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import signal
@@ -64,9 +63,10 @@ class QueueProcess:
             if fd is not None:
                 os.set_inheritable(fd, False)
         self.lock_fd, self.idle_sleep = -1, False
-        self.server = Rq1Server(client.queue_socket(main.root, cfg.name), self.handle_request,
-                                batch_cmds={"create_message"}, batch_handler=self.handle_creates,
-                                prestart_workers=0)  # a thread: private pages (issue 17)
+        self.server = Rq1Server(  # threads are private pages (issue 17); pumped: see run()
+            client.queue_socket(main.root, cfg.name), self.handle_request,
+            batch_cmds={"create_message"}, batch_handler=self.handle_creates,
+            pumped=cfg.num_workers == 1 or cfg.mode != "script", prestart_workers=0)
 
     def request_stop(self) -> None:
         """From a socket thread (`shutdown`): the loop begins the graceful stop."""
@@ -85,7 +85,7 @@ class QueueProcess:
 
     def handle_creates(self, requests: list[tuple[str, str | None]]) -> list[Any]:
         """Answer the create_message requests read in one pass together (group commit,
-        rq.queue.enqueue); like handle_request, wake the loop when a pass is owed."""
+        rq.queue.enqueue; pumped: on the loop's thread); wake the loop if a pass is owed."""
         replies = self.commands.create_messages([arg for _, arg in requests])
         if self.idle_sleep or not all(isinstance(r, list) and r and r[0] == "ok" for r in replies):
             self.loop.wake()
@@ -94,7 +94,8 @@ class QueueProcess:
     # ================================================================ lifecycle
     def run(self) -> int:
         """Start, serve until stopped, clean up: the whole life of the process."""
-        self.take_lock_file()
+        self.lock_fd = proc.hold_lock(os.path.join(self.state.store.qdir, ".lock"),
+                                      f"queue {self.name} is already running")  # one at a time
         self.write_pid_file()
         recover(self.state, self.leases)
         self.state.store.journal = Journal(self.state.store, self.state.fs)  # issue 15
@@ -102,6 +103,8 @@ class QueueProcess:
             self.state.store.spares = Spares(self.state.store.qdir)
             self.state.store.spares.reset()
         self.server.start()
+        if self.server.pumped:  # one job at a time: the loop serves the socket (issue 15)
+            self.loop.add_reader(self.server.fileno(), self.server.pump)
         if self.lifeline_fd is not None:
             self.loop.add_reader(self.lifeline_fd, self.on_lifeline)
         self.state.loop_thread = threading.get_ident()
@@ -120,6 +123,7 @@ class QueueProcess:
         """One pass: wait → signals → pipes → reap → deadlines → schedule → ends' fsync."""
         for sig in self.loop.wait(timeout):
             self.handle_signal(sig)
+        self.server.tick()  # pumped: a frame's deadline (S7.1), an accept pause
         self.replies_pending = self.pipes.flush_replies()
         if self.stop_requested.is_set() and not self.state.stopping:
             self.begin_stop()
@@ -177,6 +181,7 @@ class QueueProcess:
                 timeout = min(timeout, 0.05)  # a job slow to read fd 4 (S6.5)
             if self.state.to_spawn:
                 timeout = 0.0
+            timeout = min(timeout, self.server.timeout())
             if self.ends:  # the waiting ends' fsync (rq.queue.endbatch)
                 timeout = min(timeout, max(0.0, self.ends.deadline() - mono))
             if self.state.retry_soon:
@@ -186,16 +191,6 @@ class QueueProcess:
             if retry_at is not None:
                 timeout = min(timeout, max(0.0, retry_at - mono))
         return timeout
-
-    def take_lock_file(self) -> None:
-        """An flock that dies with the process: two queue processes for one
-        queue can never run at once."""
-        path = os.path.join(self.state.store.qdir, ".lock")
-        self.lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            raise RQError(f"queue {self.name} is already running") from exc
 
     def write_pid_file(self) -> None:
         self.state.fs.write_file_atomic(os.path.join(self.state.store.qdir, "queue.pid"),
