@@ -378,13 +378,17 @@ def process_gone(pid: int) -> bool:
         return True
 
 
+def thread_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
 def settled_threads(*pids: int, timeout: float = 20.0) -> tuple[int, ...]:
     """The thread counts of `pids` once they have not changed for half a second (a queue's
     helper threads, spares and settler, come and go; a kept socket worker stays)."""
     seen: list[tuple[int, ...]] = []
 
     def settled() -> tuple[int, ...] | None:
-        seen.append(tuple(len(os.listdir(f"/proc/{pid}/task")) for pid in pids))
+        seen.append(tuple(thread_count(pid) for pid in pids))
         return seen[-1] if len(seen) > 5 and len(set(seen[-6:])) == 1 else None
     return wait_for(settled, timeout, interval=0.1, what="the thread counts to settle")
 

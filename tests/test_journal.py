@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from rqtest import QueueProc, make_queue, settled_threads, wait_for
+from rqtest import QueueProc, make_queue, settled_threads, thread_count, wait_for
 
 from rq.builtin import cleaner
 from rq.fsck import check_root
@@ -156,9 +156,9 @@ def test_the_journal_settles_on_its_own_and_at_a_stop(root: Path) -> None:
     try:
         [idle] = settled_threads(q.popen.pid)
         q.call("create_message", {"dest": "j"})
-        assert len(os.listdir(f"/proc/{q.popen.pid}/task")) > idle  # the settler, until
+        assert thread_count(q.popen.pid) > idle  # the settler, until
         wait_for(lambda: segments(root, "j") == [], 10, what="the journal to settle")
-        wait_for(lambda: len(os.listdir(f"/proc/{q.popen.pid}/task")) == idle, 10,
+        wait_for(lambda: thread_count(q.popen.pid) == idle, 10,
                  what="the settler thread to leave")
     finally:
         q.stop()
