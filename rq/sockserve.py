@@ -310,9 +310,8 @@ class Rq1Server:
                 self._sel.register(conn, selectors.EVENT_READ, r)
 
     def _read(self, r: _Reading, *, registered: bool = True) -> bool:
-        """Read what has arrived of `r`'s frame (never past its end: a
-        subscription sends more frames later).  True once `r` is done with:
-        its request complete and routed, or the connection gone or refused."""
+        """Read what has arrived of `r`'s frame (never past its end: a subscription
+        sends more frames later); True once it is routed, refused or gone."""
         try:
             while True:
                 chunk = r.conn.recv(min(r.need - len(r.buf), 1 << 20))
@@ -337,9 +336,8 @@ class Rq1Server:
 
     def _finish(self, r: _Reading, registered: bool,
                 request: tuple[str, str | None] | None) -> bool:
-        """Route a connection whose reading is over: `request` None closes it
-        (the client is gone), cmd "" is refused, batch commands are collected,
-        the rest go to a worker."""
+        """Route a connection whose reading is over: None (the client is gone) closes
+        it, cmd "" is refused, batch commands are collected, the rest go to a worker."""
         if registered:
             self._sel.unregister(r.conn)
             del self._reading[r.conn.fileno()]
@@ -403,15 +401,17 @@ class Rq1Server:
         than the I/O thread cannot pile up replies that no cap counts."""
         taken = threading.Event()
         with self._lock:
-            if self._io_closed:
-                conn.close()
-                self._done()
-                return
-            self._outbox.put((conn, data, sent, taken))
-            try:
-                os.write(self._wake_w, b"w")
-            except BlockingIOError:
-                pass  # the pipe is full of wake-ups already
+            closed = self._io_closed
+            if not closed:
+                self._outbox.put((conn, data, sent, taken))
+                try:
+                    os.write(self._wake_w, b"w")
+                except BlockingIOError:
+                    pass  # the pipe is full of wake-ups already
+        if closed:  # _done() takes _lock: not under it
+            conn.close()
+            self._done()
+            return
         taken.wait()
 
     def _take_outbox(self) -> None:

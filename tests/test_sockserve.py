@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from rqtest import decode_reply_frame, raw_exchange, wait_for
 
 from rq import client, protocol, sockserve
-from rq.errors import Fail, ProtocolError
+from rq.errors import Fail, NoReply, ProtocolError
 from rq.client import read_frame
 from rq.sockserve import Rq1Server
 
@@ -120,6 +120,32 @@ def test_close_gives_up_after_the_grace(tmp_path: Path, mode: str) -> None:
     release.set()
     caller.join(5)
 
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_worker_whose_reply_outlives_the_server_ends_too(tmp_path: Path, mode: str) -> None:
+    """A reply too big for the socket, made after close() gave up on it: the worker
+    finds the I/O side ended, closes the connection and retires (it used to wait
+    forever for the server's lock, which it held itself)."""
+    before = set(threading.enumerate())
+    server, path, started, release = blocking_server(tmp_path, ["ok", "x" * 4_000_000], mode)
+    got: list[str] = []
+
+    def call() -> None:
+        try:
+            client.call(path, "slow")
+            got.append("reply")
+        except NoReply:
+            got.append("cut")  # its connection closed with the server
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert started.wait(5)
+    server.close(reply_grace=0.1)
+    release.set()
+    wait_for(lambda: not workers_started_since(before), timeout=10,
+             what="the server's workers to end")
+    caller.join(5)
+    assert got == ["cut"]
 
 # ---------------------------------------------------------------- the I/O thread and batches
 
