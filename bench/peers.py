@@ -8,7 +8,7 @@ last completion, with 1 and 2 workers.  Systems, trials interleaved:
   celery       Celery's prefork pool (concurrency = workers)      } Redis with
   pyrq-simple  python-rq's SimpleWorker (one per worker)          } appendonly yes,
   pyrq-fork    python-rq's forking Worker (one per worker)        } appendfsync always
-  rq-py        RQ from a Python program: create_message over the queue socket
+  rq-py        RQ from a Python program: `Client.send`, create_message over the queue socket
   rq-sh        RQ from a shell loop of `rq sendmesg` (--shell-n jobs)
 Each system's trial is preceded, seconds before, by a bare spawn loop (W Python
 threads spawning the same /bin/sh job, no queue): the figure's denominator.
@@ -41,13 +41,15 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (QUEUE, BenchError, QueueProc, add_common_args,  # noqa: E402
-                    bench_queue, check_ok, disk_probe, machine_line, new_root, temp_base,
+                    bench_queue, disk_probe, machine_line, new_root, temp_base,
                     wait_for)
 from peerlib import (JOB_SH, TREE_ROOT_ENV, Record, Trial, Window, aggregate,  # noqa: E402
                      count_markers, format_table, job_argv, marker_path, parse_result,
                      parse_tsp_list, wait_markers)
 from rqtest import free_port  # noqa: E402
 from throughput import wait_done  # noqa: E402
+
+from rq.producer import Client  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 SYSTEMS = ("tsp", "celery", "rq-py", "pyrq-simple", "pyrq-fork", "rq-sh")
@@ -238,10 +240,10 @@ def run_rq(ctx: Context, label: str, n: int, workers: int, shell: bool) -> Trial
                     rq = os.path.join(os.path.dirname(sys.executable), "rq")
                     run_shell_loop([rq, "sendmesg", "--dest", QUEUE, "--param1"], n, marks,
                                    dict(os.environ, RQ_ROOT=str(root)))
-                else:
-                    for i in range(n):
-                        check_ok(q.call("create_message",
-                                        {"dest": QUEUE, "param1": marker_path(marks, i)}))
+                else:  # the producer API users call: one kept connection (rq.client.Connection)
+                    with Client(str(root)) as rq_client:
+                        for i in range(n):
+                            rq_client.send(QUEUE, param1=marker_path(marks, i))
                 window.enqueue_done()
             except BaseException as exc:  # reported by wait_done in the main thread
                 errors.append(exc)
@@ -335,7 +337,7 @@ def labels(systems: list[str], ctx: Context, shell_n: int, n: int) -> dict[str, 
     names = {
         "tsp": f"task-spooler {tsp_version}, shell loop of `tsp` (not durable)",
         "celery": f"Celery {v.get('celery')} prefork pool, Redis AOF always",
-        "rq-py": "RQ, Python program, `create_message` over the queue socket",
+        "rq-py": "RQ, Python program, `Client.send` over the queue socket",
         "pyrq-simple": f"python-rq {v.get('pyrq')} SimpleWorker, Redis AOF always",
         "pyrq-fork": f"python-rq {v.get('pyrq')} Worker (forking), Redis AOF always",
         "rq-sh": "RQ, shell loop of `rq sendmesg`" + (f" (N={shell_n})" if shell_n != n else ""),

@@ -1,12 +1,15 @@
 """Talks to the daemons' rq1 sockets: one request, one reply (S7.1).
 
-Owns the client side of the framing and the socket paths of a root.  Raises
+Owns the client side of the framing and the socket paths of a root, and
+`Connection`, several requests over one kept connection (rq.sockread).  Raises
 ConnectError when nothing answers, so callers can print S19.3's texts.
 """
 
 from __future__ import annotations
 
+import _thread
 import os
+import time
 
 import _socket  # socket.py's wrapper classes and enums cost a shell loop ~5 ms (issue 15)
 
@@ -81,6 +84,98 @@ def call(path: str, cmd: str, arg: Any = None, *, raw: bool = False,
         return protocol.loads(payload)
     except ValueError as exc:
         raise ConnectError(f"bad reply from {path}") from exc
+
+
+KEEP_IDLE = 10.0  # s a kept connection is reused after its last reply (the server keeps it 30)
+TAKES_CONNECTION = frozenset({"subscribe", "create_messages"})  # the reply is not the end
+
+
+class Connection:
+    """Requests to the socket at `path`, one at a time over one kept connection
+    (`keep`, rq.sockread), which saves each request the connect, accept and close of
+    a connection of its own (issue 15).  Opened at the first call, and again after an
+    error, KEEP_IDLE s unused, or a fork.  A call made while another thread's is in
+    progress, and every call to a server that does not keep connections, goes on a
+    connection of its own (call()).  A send that fails on a connection used before is
+    sent once more on a new one: the server closed the old one before reading it (a
+    restart).  Commands that take the connection over are not sent here."""
+
+    def __init__(self, path: str, timeout: float | None = 60.0) -> None:
+        self.path, self.timeout = path, timeout
+        self.sock: _socket.socket | None = None
+        self.pid = 0
+        self.last = 0.0       # monotonic time of the last reply
+        self.keeps = True     # False once the server answered `keep` with anything but ok
+        self.lock = _thread.allocate_lock()
+
+    def call(self, cmd: str, arg: Any = None, *, raw: bool = False) -> Any:
+        if cmd in TAKES_CONNECTION:
+            raise ValueError(f"{cmd} takes its connection over: not for a kept connection")
+        if not self.keeps or not self.lock.acquire(blocking=False):
+            return call(self.path, cmd, arg, raw=raw, timeout=self.timeout)
+        try:
+            frame = protocol.encode_request(cmd, arg, raw=raw)
+            sock, reused = self._socket()
+            if sock is None:
+                return call(self.path, cmd, arg, raw=raw, timeout=self.timeout)
+            try:
+                sock.sendall(frame)
+            except OSError:
+                self.close()
+                if not reused:
+                    raise
+                sock, _ = self._socket()
+                if sock is None:
+                    return call(self.path, cmd, arg, raw=raw, timeout=self.timeout)
+                sock.sendall(frame)
+            payload = read_frame(sock)
+            self.last = time.monotonic()
+        except (OSError, ProtocolError) as exc:
+            self.close()
+            raise NoReply(f"no reply from {self.path}: {exc}") from exc
+        finally:
+            self.lock.release()
+        try:
+            return protocol.loads(payload)
+        except ValueError as exc:
+            self.close()
+            raise ConnectError(f"bad reply from {self.path}") from exc
+
+    def _socket(self) -> tuple[_socket.socket | None, bool]:
+        """The kept connection and whether it served before; opened (and `keep` sent)
+        when there is none fit for use; None when the server does not keep it."""
+        if self.sock is not None and (self.pid != os.getpid()
+                                      or time.monotonic() - self.last > KEEP_IDLE):
+            self.close()
+        if self.sock is not None:
+            return self.sock, True
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError as exc:
+            sock.close()
+            raise ConnectError(f"cannot connect to {self.path}: {exc.strerror or exc}") from exc
+        try:
+            sock.sendall(protocol.encode_request("keep"))
+            kept = protocol.loads(read_frame(sock)) == ["ok"]
+        except (OSError, ProtocolError, ValueError) as exc:  # nothing of the request was sent
+            sock.close()
+            raise ConnectError(f"no answer to keep from {self.path}: {exc}") from exc
+        if not kept:  # an older server: one request per connection (S7.1)
+            sock.close()
+            self.keeps = False
+            return None, False
+        self.sock, self.pid = sock, os.getpid()
+        return sock, False
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def __del__(self) -> None:  # opened behind the caller's back: closed without a warning
+        self.close()
 
 
 def call_queue(root: str, name: str, cmd: str, arg: Any = None, **kw: Any) -> Any:

@@ -13,7 +13,8 @@ from now), waiting for messages to end (S8.8 events, then a re-check of the
 message, so an end that happened before the subscription is seen too), and
 the bulk window of `send_many` / `BulkSender` (rq.queue.createstream).  The wire
 formats are rq.transports'.  Errors: `Refused` carries the server's reason;
-`ConnectError` when nothing answers; `WaitTimeout` from `wait`.
+`ConnectError` when nothing answers; `WaitTimeout` from `wait`.  A client keeps a
+connection to each queue it sends to more than once (rq.transports), until `close()`.
 
 Importing it loads neither click nor Flask nor requests (that one only for
 `url=`), so scripts and `rq sendmesg --stdin` start fast.
@@ -201,6 +202,16 @@ class Client:
             argv = [] if root is None else ["--root", root]
             self.transport = LocalTransport(find_root("rq", argv, os.environ)[0])
         self._prefix: str | None = None
+
+    def close(self) -> None:
+        """Close the connections kept for later requests (also at `with`'s end)."""
+        self.transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------ sending
     def queue_for(self, dest: str, *, relay_ok: bool = False) -> str:

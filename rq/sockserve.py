@@ -27,6 +27,7 @@ A `pumped` server has no I/O thread: its owner's loop watches `fileno()` and
 included, runs on the loop's thread (a queue process with one worker, issue 15: two
 threads that both had work handed the GIL to each other at every system call).
 
+A client may keep its connection for further requests (`keep`, rq/sockread.py).
 Replies are written without blocking; what the socket does not take at once is
 left to the I/O thread, which writes it as the client reads (issue 13 part 5:
 a client that never reads its reply holds no thread).  The bytes so held are
@@ -45,11 +46,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rq import protocol
 from rq.errors import Fail, ProtocolError
+from rq.sockread import KEEP_CMD, KEPT, Pending, Reading, Request, advance, expired
 from rq.sockwrite import MAX_UNSENT, UnsentReplies, Writing, drain_input
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,9 @@ ACCEPT_PAUSE = 0.1  # after a failed accept (EMFILE), before trying again
 
 
 BAD_REQUEST = ["fail", "bad request"]
-Handed = tuple[socket.socket, bytes, int, threading.Event]  # a reply for the I/O thread
+# a reply for the I/O thread: conn, data, bytes sent, kept, set once taken
+Handed = tuple[socket.socket, bytes, int, bool, threading.Event]
+Batched = tuple[socket.socket, str, "str | None", bool]  # conn, cmd, arg, kept
 
 
 class KeepOpen:
@@ -90,21 +94,13 @@ def reply_for(outcome: Any, cmd: str) -> Any:
 @dataclass
 class _Job:
     """A request for a worker: call the handler, or send a reply already made
-    (`reply` set: a refusal, sent and drained)."""
+    (`reply` set: a refusal, sent and drained).  `kept`: the connection goes back to
+    the I/O thread for its next request once the reply is written (rq.sockread)."""
     conn: socket.socket
     cmd: str = ""
     arg: str | None = None
     reply: Any = None
-
-
-@dataclass
-class _Reading:
-    """A connection whose request frame is still arriving."""
-    conn: socket.socket
-    deadline: float
-    buf: bytearray = field(default_factory=bytearray)
-    need: int = protocol.HEADER_LEN   # bytes wanted in buf for the current part
-    header_done: bool = False
+    kept: bool = False
 
 
 class Rq1Server:
@@ -213,9 +209,10 @@ class Rq1Server:
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._sock, selectors.EVENT_READ)
         self._sel.register(self._wake_r, selectors.EVENT_READ)
-        self._reading: dict[int, _Reading] = {}
-        self._unsent = UnsentReplies(self._sel, self._done, self.max_unsent, READ_TIMEOUT)
-        self._batch: list[tuple[socket.socket, str, str | None]] = []
+        self._reading: dict[int, Reading] = {}
+        self._unsent = UnsentReplies(self._sel, self._done, self.max_unsent, READ_TIMEOUT,
+                                     rearm=self._rearm)
+        self._batch: list[Batched] = []
         self._accept_paused_until: float | None = None
 
     def _io_loop(self) -> None:
@@ -251,7 +248,7 @@ class Rq1Server:
                 self._accept()
             elif isinstance(key.data, Writing):
                 self._unsent.write(key.data)
-            elif isinstance(key.data, _Reading):
+            elif isinstance(key.data, Reading):
                 self._read(key.data)
         self._expire()
         if self._batch:
@@ -302,42 +299,31 @@ class Rq1Server:
                 self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE
                 return
             conn.setblocking(False)
-            r = _Reading(conn, deadline)
+            r = Reading(conn, deadline)
             # Clients send right after connecting: read at once, and only
             # wait in the selector for what has not arrived yet.
             if not self._read(r, registered=False):
                 self._reading[conn.fileno()] = r
                 self._sel.register(conn, selectors.EVENT_READ, r)
 
-    def _read(self, r: _Reading, *, registered: bool = True) -> bool:
-        """Read what has arrived of `r`'s frame (never past its end: a subscription
-        sends more frames later); True once it is routed, refused or gone."""
-        try:
-            while True:
-                chunk = r.conn.recv(min(r.need - len(r.buf), 1 << 20))
-                if not chunk:  # closed mid-frame: refused, as a client that half-closes expects
-                    return self._finish(r, registered, ("", None))
-                r.buf += chunk
-                if len(r.buf) < r.need:
-                    continue
-                if r.header_done:
-                    return self._finish(r, registered, protocol.split_request(bytes(r.buf)))
-                r.need = protocol.parse_header(bytes(r.buf))
-                r.buf.clear()
-                r.header_done = True
-                if r.need == 0:
-                    return self._finish(r, registered, ("", None))
-        except (BlockingIOError, InterruptedError):
-            return False
-        except ProtocolError:
-            return self._finish(r, registered, ("", None))
-        except OSError:  # the client went away
-            return self._finish(r, registered, None)
+    def _read(self, r: Reading, *, registered: bool = True) -> bool:
+        """Read what has arrived of `r`'s frame (rq.sockread); True once it is routed."""
+        request = advance(r)
+        return False if isinstance(request, Pending) else self._finish(r, registered, request)
 
-    def _finish(self, r: _Reading, registered: bool,
-                request: tuple[str, str | None] | None) -> bool:
-        """Route a connection whose reading is over: None (the client is gone) closes
-        it, cmd "" is refused, batch commands are collected, the rest go to a worker."""
+    def _rearm(self, conn: socket.socket) -> None:
+        """A kept connection's reply is written: wait for its next request."""
+        if self._stopping:
+            conn.close()
+            return
+        r = Reading(conn, time.monotonic() + READ_TIMEOUT, kept=True)
+        self._reading[conn.fileno()] = r
+        self._sel.register(conn, selectors.EVENT_READ, r)
+
+    def _finish(self, r: Reading, registered: bool, request: Request | None) -> bool:
+        """Route a connection whose reading is over: `request` None closes it
+        (the client is gone), cmd "" is refused, `keep` is answered here, batch
+        commands are collected, the rest go to a worker."""
         if registered:
             self._sel.unregister(r.conn)
             del self._reading[r.conn.fileno()]
@@ -348,18 +334,20 @@ class Rq1Server:
         with self._lock:
             self._busy += 1
         if cmd in self.batch_cmds:
-            self._batch.append((r.conn, cmd, arg))
+            self._batch.append((r.conn, cmd, arg, r.kept))
         elif cmd == "":
             self._dispatch(_Job(r.conn, reply=BAD_REQUEST))
+        elif cmd == KEEP_CMD:
+            self._reply(r.conn, protocol.encode_reply(KEPT), kept=True)
         else:
-            self._dispatch(_Job(r.conn, cmd, arg))
+            self._dispatch(_Job(r.conn, cmd, arg, kept=r.kept))
         return True
 
     def _expire(self) -> None:
         """Refuse the frames not complete within READ_TIMEOUT; resume accepting."""
         now = time.monotonic()
         for r in [r for r in self._reading.values() if r.deadline <= now]:
-            self._finish(r, True, ("", None))
+            self._finish(r, True, expired(r))
         self._unsent.expire(now)
         if self._accept_paused_until is not None and self._accept_paused_until <= now \
                 and not self._stopping:
@@ -367,35 +355,44 @@ class Rq1Server:
             assert self._sock is not None
             self._sel.register(self._sock, selectors.EVENT_READ)
 
-    def _answer_batch(self, batch: list[tuple[socket.socket, str, str | None]]) -> None:
+    def _answer_batch(self, batch: list[Batched]) -> None:
         assert self.batch_handler is not None
         try:
-            outcomes = self.batch_handler([(cmd, arg) for _, cmd, arg in batch])
+            outcomes = self.batch_handler([(cmd, arg) for _, cmd, arg, _ in batch])
             if len(outcomes) != len(batch):
                 raise RuntimeError(f"{len(outcomes)} replies for {len(batch)} requests")
         except Exception as exc:
             outcomes = [exc] * len(batch)
-        for (conn, cmd, _), outcome in zip(batch, outcomes):
+        for (conn, cmd, _, kept), outcome in zip(batch, outcomes):
             reply = reply_for(outcome, cmd)
-            data = protocol.encode_reply(reply)
-            try:
-                sent = conn.send(data) if reply != BAD_REQUEST else 0
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                conn.close()
-                self._done()
-                continue
-            if sent == len(data):
-                conn.close()
-                self._done()
-            elif reply == BAD_REQUEST:  # the refusal and its drain may block: a worker's job
+            if reply == BAD_REQUEST:  # the refusal and its drain may block: a worker's job
                 self._dispatch(_Job(conn, cmd, reply=reply))
             else:
-                self._unsent.add(conn, data, sent)
+                self._reply(conn, protocol.encode_reply(reply), kept)
+
+    def _reply(self, conn: socket.socket, data: bytes, kept: bool) -> None:
+        """Send a reply from the I/O thread; what the socket does not take now is
+        written as the client reads.  Then the connection is closed, or, kept,
+        waits for its next request."""
+        try:
+            sent = conn.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            conn.close()
+            self._done()
+            return
+        if sent < len(data):
+            self._unsent.add(conn, data, sent, kept)
+            return
+        self._done()
+        if kept:
+            self._rearm(conn)
+        else:
+            conn.close()
 
     # ------------------------------------------------------------ replies the client has not read
-    def _hand_over(self, conn: socket.socket, data: bytes, sent: int) -> None:
+    def _hand_over(self, conn: socket.socket, data: bytes, sent: int, kept: bool) -> None:
         """From a worker: the I/O thread writes the rest of `data` (issue 13 part 5).
         The worker waits until the reply is under the cap, so that workers faster
         than the I/O thread cannot pile up replies that no cap counts."""
@@ -403,7 +400,7 @@ class Rq1Server:
         with self._lock:
             closed = self._io_closed
             if not closed:
-                self._outbox.put((conn, data, sent, taken))
+                self._outbox.put((conn, data, sent, kept, taken))
                 try:
                     os.write(self._wake_w, b"w")
                 except BlockingIOError:
@@ -418,14 +415,17 @@ class Rq1Server:
         """Replies handed over go under the cap before anything else is read."""
         while True:
             try:
-                conn, data, sent, taken = self._outbox.get_nowait()
+                conn, data, sent, kept, taken = self._outbox.get_nowait()
             except queue.Empty:
                 return
             if self._io_closed:
                 conn.close()
                 self._done()
+            elif sent == len(data):  # a kept connection's whole reply went: its next request
+                self._done()
+                self._rearm(conn)
             else:
-                self._unsent.add(conn, data, sent)
+                self._unsent.add(conn, data, sent, kept)
             taken.set()
 
     # ------------------------------------------------------------ workers
@@ -477,9 +477,9 @@ class Rq1Server:
                 sent = conn.send(data)
             except (BlockingIOError, InterruptedError):
                 sent = 0
-            if sent < len(data):
+            if sent < len(data) or job.kept:
                 handed = True
-                self._hand_over(conn, data, sent)
+                self._hand_over(conn, data, sent, job.kept)
         except OSError:
             pass  # client went away; nothing to answer
         finally:

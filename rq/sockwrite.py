@@ -54,6 +54,7 @@ class Writing:
     progress: float            # when a send last took bytes (or the hand-over)
     size: int
     moved: bool = False        # the client read some of it: it is a reader
+    kept: bool = False         # once written, the connection waits for a next request
 
 
 def unread(conn: socket.socket) -> int:
@@ -72,18 +73,21 @@ class UnsentReplies:
 
     def __init__(self, sel: selectors.BaseSelector, done: Callable[[], None],
                  max_unsent: int = MAX_UNSENT, timeout: float = 30.0,
-                 stalled: float = STALLED) -> None:
-        self.sel, self.done = sel, done
+                 stalled: float = STALLED,
+                 rearm: Callable[[socket.socket], None] | None = None) -> None:
+        self.sel, self.done, self.rearm = sel, done, rearm
         self.max_unsent, self.timeout, self.stalled = max_unsent, timeout, stalled
         self.writing: dict[int, Writing] = {}
         self.unsent = 0
         self.shedding, self.dropped = False, 0
 
-    def add(self, conn: socket.socket, data: bytes, sent: int) -> None:
-        """Write the rest of `data` (`sent` bytes went already) as `conn` reads."""
+    def add(self, conn: socket.socket, data: bytes, sent: int, kept: bool = False) -> None:
+        """Write the rest of `data` (`sent` bytes went already) as `conn` reads; then
+        close `conn`, or, `kept`, hand it to `rearm` for its next request."""
         now = time.monotonic()
         w = Writing(conn, memoryview(data)[sent:], now + self.timeout, now, len(data),
-                    moved=sent > unread(conn))  # a client reading while the worker wrote
+                    moved=sent > unread(conn),  # a client reading while the worker wrote
+                    kept=kept)
         self.writing[conn.fileno()] = w
         self.unsent += w.size
         self.sel.register(conn, selectors.EVENT_WRITE, w)
@@ -101,14 +105,17 @@ class UnsentReplies:
         w.data, w.progress = w.data[n:], time.monotonic()
         w.moved = w.moved or n > 0
         if not w.data:
-            self.end(w)
+            self.end(w, written=True)
 
-    def end(self, w: Writing) -> None:
+    def end(self, w: Writing, written: bool = False) -> None:
         self.sel.unregister(w.conn)
         del self.writing[w.conn.fileno()]
         self.unsent -= w.size
-        w.conn.close()
         self.done()
+        if written and w.kept and self.rearm is not None:
+            self.rearm(w.conn)
+        else:
+            w.conn.close()
         if self.shedding and self.unsent <= self.max_unsent // 2:
             self.shedding = False
             log.warning("unsent replies back under %d MiB: %d connection(s) that did not "

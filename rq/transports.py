@@ -42,6 +42,7 @@ def ok_value(reply: Any) -> Any:
 
 
 BULK_CMD = "create_messages"  # rq.queue.createstream
+CALL_TIMEOUT = 60.0
 
 
 # ================================================================ local: the root's sockets
@@ -79,23 +80,42 @@ class SocketBulk:
 
 
 class LocalTransport:
-    """The sockets of the RQ root `root` on this machine."""
+    """The sockets of the RQ root `root` on this machine.  From the second request to a
+    queue on, its requests share one kept connection (rq.client.Connection, issue 15),
+    as the HTTP transport's share the session's: a client of one request pays no `keep`."""
 
     def __init__(self, root: str) -> None:
         self.root = root
+        self.conns: dict[str, client.Connection | None] = {}  # None: one request so far
 
     def prefix(self) -> str:
         from rq.config import load_main_config
         return load_main_config(self.root).relative_root
 
-    def queue(self, name: str, cmd: str, arg: Any = None, timeout: float = 60.0) -> Any:
+    def queue(self, name: str, cmd: str, arg: Any = None,
+              timeout: float = CALL_TIMEOUT) -> Any:
         if not protocol.valid_queue_name(name) or not os.path.exists(
                 os.path.join(self.root, "queue", name, "config.json")):
             raise Refused(f"queue not found: {name}")
         try:
-            return client.call_queue(self.root, name, cmd, arg, timeout=timeout)
+            return self._call(client.queue_socket(self.root, name), cmd, arg, timeout)
         except ConnectError:
             raise ConnectError(f"cannot connect to queue {name} (is rq-mgr running?)") from None
+
+    def _call(self, path: str, cmd: str, arg: Any, timeout: float) -> Any:
+        if path not in self.conns or timeout != CALL_TIMEOUT:
+            self.conns.setdefault(path, None)
+            return client.call(path, cmd, arg, timeout=timeout)
+        conn = self.conns[path]
+        if conn is None:
+            conn = self.conns[path] = client.Connection(path, timeout)
+        return conn.call(cmd, arg)
+
+    def close(self) -> None:
+        for conn in self.conns.values():
+            if conn is not None:
+                conn.close()
+        self.conns.clear()
 
     def create(self, name: str, fields: dict[str, Any], *, prep: bool = False) -> str:
         cmd = "prep_message" if prep else "create_message"
@@ -300,6 +320,9 @@ class HttpTransport:
         self.session = requests.Session()
         self.session.auth = self.auth = auth
         self.timeout = timeout
+
+    def close(self) -> None:
+        self.session.close()
 
     def prefix(self) -> str:
         from urllib.parse import urlsplit

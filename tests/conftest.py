@@ -90,6 +90,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
 
 @pytest.fixture
+def connect() -> Iterator[Callable[[str], Any]]:
+    """connect(path): a client socket to the Unix socket at path (10 s timeout), closed
+    at the end of the test."""
+    import socket
+    opened: list[socket.socket] = []
+
+    def connect_to(path: str) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        opened.append(s)
+        s.settimeout(10)
+        s.connect(path)
+        return s
+
+    yield connect_to
+    for s in opened:
+        s.close()
+
+
+@pytest.fixture
 def root(tmp_path: Path) -> Path:
     return make_root(tmp_path)
 

@@ -37,9 +37,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]
 
 
 @pytest.fixture(params=["socket", "http"])
-def rq(request: pytest.FixtureRequest, site: tuple[Path, str]) -> Client:
+def rq(request: pytest.FixtureRequest, site: tuple[Path, str]) -> Iterator[Client]:
     root, url = site
-    return Client(str(root)) if request.param == "socket" else Client(url=url)
+    with Client(str(root)) if request.param == "socket" else Client(url=url) as rq:
+        yield rq
 
 
 def que_count(root: Path, name: str) -> int:

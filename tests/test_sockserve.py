@@ -153,23 +153,6 @@ def frame(cmd: str, arg: str | None = None) -> bytes:
     return protocol.encode_request(cmd, arg, raw=True)
 
 
-@pytest.fixture
-def connect() -> Iterator[Callable[[str], socket.socket]]:
-    """connect(path): a client socket, closed at the end of the test."""
-    opened: list[socket.socket] = []
-
-    def connect_to(path: str) -> socket.socket:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        opened.append(s)
-        s.settimeout(10)
-        s.connect(path)
-        return s
-
-    yield connect_to
-    for s in opened:
-        s.close()
-
-
 def answer(s: socket.socket) -> Any:
     return json.loads(read_frame(s))
 
