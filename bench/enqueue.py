@@ -6,6 +6,9 @@ processes (N/8 each; processes, not threads, since one Python client is
 GIL-bound).  Each run uses a fresh root and queue process; medians of --runs.
 The clock runs from releasing the (already started, already connected-ready)
 clients until the last reply; every reply is an "ok" sent only after fsync.
+Each request goes on a connection of its own (S7.1); one more figure has the
+single client send them all on one kept connection (`keep`, rq.client.Connection,
+as rq.Client does from a queue's second request on).
 
 Targets (issue b): >= 1,000 messages/s for one client; 8 clients >= 1.5x one.
 Usage:  .venv/bin/python bench/enqueue.py [--n 2000] [--runs 3] [--clients 8]
@@ -29,23 +32,25 @@ TARGET_ONE = 1000.0
 TARGET_SCALE = 1.5
 
 
-def client_proc(root: str, count: int, tag: int, ready: Any, go: Any, out: Any) -> None:
+def client_proc(root: str, count: int, tag: int, kept: bool, ready: Any, go: Any,
+                out: Any) -> None:
     """One client process: wait for `go`, send `count` create_message requests."""
     from rq import client
+    conn = client.Connection(client.queue_socket(root, QUEUE))
+    call = conn.call if kept else lambda cmd, arg: client.call_queue(root, QUEUE, cmd, arg)
     ready.put(tag)
     go.wait()
     t0 = time.monotonic()
     try:
         for i in range(count):
-            reply = client.call_queue(root, QUEUE, "create_message",
-                                      {"dest": QUEUE, "param1": f"{tag}-{i}"})
-            check_ok(reply)
+            check_ok(call("create_message", {"dest": QUEUE, "param1": f"{tag}-{i}"}))
+        conn.close()
         out.put((tag, t0, time.monotonic(), None))
     except BaseException as exc:  # reported by the parent
         out.put((tag, t0, time.monotonic(), repr(exc)))
 
 
-def run(base: Path, label: str, n: int, clients: int) -> float:
+def run(base: Path, label: str, n: int, clients: int, kept: bool = False) -> float:
     """Messages/s for `n` messages split over `clients` processes."""
     ctx = mp.get_context("fork")  # the bench process is small; no daemon is forked
     root = new_root(base, label)
@@ -53,7 +58,7 @@ def run(base: Path, label: str, n: int, clients: int) -> float:
     with QueueProc(root) as q:
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         shares = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
-        procs = [ctx.Process(target=client_proc, args=(str(root), c, i, ready, go, out),
+        procs = [ctx.Process(target=client_proc, args=(str(root), c, i, kept, ready, go, out),
                              daemon=True) for i, c in enumerate(shares)]
         try:
             for p in procs:
@@ -106,14 +111,17 @@ def main() -> int:
     one: list[float] = []
     many: list[float] = []
     bare: list[float] = []
+    kept: list[float] = []
     with temp_base(args.tmpdir, args.keep) as base:
         for i in range(args.runs):  # interleaved, so machine noise hits both alike
             one.append(run(base, f"one-{i}", args.n, 1))
             many.append(run(base, f"many-{i}", args.n, args.clients))
             bare.append(bare_create(base, f"bare-{i}", args.n))
+            kept.append(run(base, f"kept-{i}", args.n, 1, kept=True))
             print(f"  run {i + 1}: 1 client {one[-1]:.0f} msg/s, "
                   f"{args.clients} clients {many[-1]:.0f} msg/s, "
-                  f"bare create loop {bare[-1]:.0f} msg/s", flush=True)
+                  f"bare create loop {bare[-1]:.0f} msg/s, "
+                  f"1 client on a kept connection {kept[-1]:.0f} msg/s", flush=True)
     m1, m8 = median(one), median(many)
     print()
     print(f"1 client:          {m1:7.0f} msg/s   (target >= {TARGET_ONE:.0f}: "
@@ -125,6 +133,9 @@ def main() -> int:
     mb = median(bare)
     print(f"context: bare durable create loop, same syscalls, no daemon: {mb:.0f} msg/s "
           f"({1e3 / mb:.2f} ms each; RQ 1 client = {m1 / mb:.0%} of it)   runs {fmt_runs(bare)}")
+    mk = median(kept)
+    print(f"1 client, one kept connection: {mk:.0f} msg/s ({mk / m1:.2f}x a connection each)"
+          f"   runs {fmt_runs(kept)}")
     return 0
 
 
