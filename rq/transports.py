@@ -43,6 +43,7 @@ def ok_value(reply: Any) -> Any:
 
 BULK_CMD = "create_messages"  # rq.queue.createstream
 CALL_TIMEOUT = 60.0
+KEEP_MAX = 16  # kept connections open at once per LocalTransport (a client of many queues)
 
 
 # ================================================================ local: the root's sockets
@@ -82,7 +83,8 @@ class SocketBulk:
 class LocalTransport:
     """The sockets of the RQ root `root` on this machine.  From the second request to a
     queue on, its requests share one kept connection (rq.client.Connection, issue 15),
-    as the HTTP transport's share the session's: a client of one request pays no `keep`."""
+    as the HTTP transport's share the session's: a client of one request pays no `keep`.
+    At most KEEP_MAX stay open; the least recently used is closed first."""
 
     def __init__(self, root: str) -> None:
         self.root = root
@@ -106,9 +108,12 @@ class LocalTransport:
         if path not in self.conns or timeout != CALL_TIMEOUT:
             self.conns.setdefault(path, None)
             return client.call(path, cmd, arg, timeout=timeout)
-        conn = self.conns[path]
-        if conn is None:
-            conn = self.conns[path] = client.Connection(path, timeout)
+        conn = self.conns.pop(path) or client.Connection(path, timeout)
+        if conn.sock is None:  # about to open one: the least recently used close first
+            open_ = [c for c in self.conns.values() if c is not None and c.sock is not None]
+            for old in open_[:len(open_) - KEEP_MAX + 1]:
+                old.close()
+        self.conns[path] = conn  # last in the dict: the most recently used
         return conn.call(cmd, arg)
 
     def close(self) -> None:

@@ -277,3 +277,38 @@ def _queue_pid(root: Path, name: str) -> Any:
     """The pid of queue `name`'s process once it is RUNNING (rq-mgr's `status`, S7.2)."""
     child = client.call_mgr(str(root), "status")[1]["queues"][name]
     return child["pid"] if child["state"] == "RUNNING" else None
+
+
+def test_a_client_of_many_queues_keeps_at_most_keep_max_connections_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The least recently used kept connection is closed before another opens; a queue
+    whose connection was closed gets a new one at its next request."""
+    from rq import transports
+    monkeypatch.setattr(transports, "KEEP_MAX", 2)
+    root, servers = tmp_path / "root", []
+    try:
+        for name in ("q1", "q2", "q3"):
+            (root / "queue" / name).mkdir(parents=True)
+            (root / "queue" / name / "config.json").write_text("{}")
+            servers.append(Served(client.queue_socket(str(root), name),
+                                  lambda cmd, arg, c: ["ok", cmd], "thread"))
+        local = transports.LocalTransport(str(root))
+
+        def open_names() -> list[str]:
+            return [Path(p).parent.name for p, c in local.conns.items()
+                    if c is not None and c.sock is not None]
+
+        for name in ("q1", "q1", "q2", "q2"):
+            assert local.queue(name, "ping") == ["ok", "ping"]
+        assert open_names() == ["q1", "q2"]
+        local.queue("q1", "ping")                 # q1 now the most recently used
+        for _ in range(2):
+            local.queue("q3", "ping")
+        assert open_names() == ["q1", "q3"]       # q2 closed, the least recently used
+        local.queue("q2", "ping")
+        assert open_names() == ["q3", "q2"]
+        local.close()
+        assert open_names() == []
+    finally:
+        for server in servers:
+            server.close()
