@@ -189,6 +189,39 @@ def test_a_connection_keeps_one_socket_and_opens_another_after_a_restart_or_idle
         server.close()
 
 
+def test_a_call_while_another_threads_is_in_progress_goes_on_its_own_connection(
+        tmp_path: Path) -> None:
+    path = str(tmp_path / "s.sock")
+    seen: list[socket.socket] = []
+    release = threading.Event()
+
+    def handler(cmd: str, arg: Any, conn: socket.socket) -> Any:
+        seen.append(conn)
+        if cmd == "slow":
+            release.wait(10)
+        return ["ok", cmd]
+
+    server = Served(path, handler, "thread")
+    conn = client.Connection(path)
+    got: list[Any] = []
+    slow = threading.Thread(target=lambda: got.append(conn.call("slow")))
+    try:
+        assert conn.call("first") == ["ok", "first"]
+        slow.start()
+        wait_for(lambda: len(seen) == 2, what="the slow request to arrive")
+        assert conn.call("fast") == ["ok", "fast"]   # not queued behind "slow"
+        assert not got
+        release.set()
+        slow.join(10)
+        assert got == [["ok", "slow"]]
+        assert seen[1] is seen[0] and seen[2] is not seen[0]
+        assert conn.call("after") == ["ok", "after"] and seen[3] is seen[0]
+    finally:
+        release.set()
+        conn.close()
+        server.close()
+
+
 def test_a_forked_child_opens_its_own_connection(tmp_path: Path) -> None:
     path = str(tmp_path / "s.sock")
     seen: list[socket.socket] = []
