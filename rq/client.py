@@ -157,8 +157,8 @@ class Connection:
             sock.close()
             raise ConnectError(f"cannot connect to {self.path}: {exc.strerror or exc}") from exc
         try:
-            sock.sendall(protocol.encode_request("keep"))
-            kept = protocol.loads(read_frame(sock)) == ["ok"]
+            sock.sendall(protocol.encode_request(protocol.KEEP_CMD))
+            kept = protocol.loads(read_frame(sock)) == protocol.KEPT
         except (OSError, ProtocolError, ValueError) as exc:  # nothing of the request was sent
             sock.close()
             raise ConnectError(f"no answer to keep from {self.path}: {exc}") from exc

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 MAGIC = b"rq1 "
 HEADER_LEN = 13  # "rq1 " + 8 digits + " "
 MAX_FRAME = 64 * 1024 * 1024
+KEEP_CMD = "keep"  # the connection carries more requests (rq.sockread, issue 15)
+KEPT = ["ok"]      # the reply to it
 
 # ---------------------------------------------------------------- S7.1 framing
 

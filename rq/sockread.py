@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from rq import protocol
 from rq.errors import ProtocolError
 
-KEEP_CMD = "keep"
-KEPT = ["ok"]  # the reply to `keep`
 REFUSED = ("", None)  # a frame that is not a request: answered ["fail","bad request"]
 
 Request = tuple[str, "str | None"]

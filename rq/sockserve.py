@@ -51,7 +51,7 @@ from typing import Any
 
 from rq import protocol
 from rq.errors import Fail, ProtocolError
-from rq.sockread import KEEP_CMD, KEPT, Pending, Reading, Request, advance, expired
+from rq.sockread import Pending, Reading, Request, advance, expired
 from rq.sockwrite import MAX_UNSENT, UnsentReplies, Writing, drain_input
 
 log = logging.getLogger(__name__)
@@ -337,8 +337,8 @@ class Rq1Server:
             self._batch.append((r.conn, cmd, arg, r.kept))
         elif cmd == "":
             self._dispatch(_Job(r.conn, reply=BAD_REQUEST))
-        elif cmd == KEEP_CMD:
-            self._reply(r.conn, protocol.encode_reply(KEPT), kept=True)
+        elif cmd == protocol.KEEP_CMD:
+            self._reply(r.conn, protocol.encode_reply(protocol.KEPT), kept=True)
         else:
             self._dispatch(_Job(r.conn, cmd, arg, kept=r.kept))
         return True
