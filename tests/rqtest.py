@@ -497,6 +497,19 @@ class LifelineQueueProc(QueueProc):
         return code
 
 
+def make_buckets_ahead(qdir: Path, minutes: int = 20) -> None:
+    """Make the done/ buckets (S3.2) of the minute before and the next `minutes`
+    minutes: a queue with messages in que/ makes those of the minute before, this and
+    the next at its first pass of each minute (D8, rq.queue.state.prepare_buckets), and
+    those mkdirs would mix with the file operations that learn_ops learns (seen: a
+    create's learnt ops ending in three mkdirs and an fsync, or `mkdir 1` a new
+    minute's bucket, not the create's)."""
+    now = time.time()
+    for t in range(-120, minutes * 60, 60):
+        bucket = time.strftime("%Y%m%d/%H/%M", time.gmtime(now + t))
+        (qdir / "done" / bucket).mkdir(parents=True, exist_ok=True)
+
+
 def learn_ops(root: Path, name: str, action, *, plan: str = "",
               ready=None) -> list[tuple[str, int]]:
     """Run `action(q)` on a recording queue process; return the (op, nth)

@@ -19,8 +19,8 @@ import pytest
 
 from rq.fsck import check_root
 from rq.store import Store
-from rqtest import (QueueProc, learn_ops, make_queue, make_root, read_events, wait_for,
-                    write_script)
+from rqtest import (QueueProc, learn_ops, make_buckets_ahead, make_queue, make_root,
+                    read_events, wait_for, write_script)
 
 ERRNOS = ("EIO", "ENOSPC")
 # Operations whose failure must turn the reply into "fail".  A failed event-log
@@ -40,16 +40,10 @@ def short(full_id: str) -> str:
 
 @pytest.fixture
 def paused(root: Path) -> Path:
-    """A paused queue whose done/ buckets of the next 20 minutes exist: a queue with
-    messages in que/ makes the buckets of the minute before, this and the next at its
-    start (D8), and a mkdir there would shift the numbers of a fault plan learned in
-    another minute (seen once: `mkdir 1` was a new minute's bucket, not the create's)."""
+    """A paused queue whose done/ buckets of the next 20 minutes exist (make_buckets_ahead)."""
     make_queue(root, "f", script="/bin/true")
     (root / "config" / "f.pause").touch()
-    now = time.time()
-    for t in range(-120, 1200, 60):
-        bucket = time.strftime("%Y%m%d/%H/%M", time.gmtime(now + t))
-        (root / "queue" / "f" / "done" / bucket).mkdir(parents=True, exist_ok=True)
+    make_buckets_ahead(root / "queue" / "f")
     return root
 
 
@@ -160,6 +154,7 @@ def learn_create_prefix(root: Path) -> int:
     after these; what follows belongs to start and completion)."""
     make_queue(root, "p", script="/bin/true")
     (root / "config" / "p.pause").touch()
+    make_buckets_ahead(root / "queue" / "p")
     return len(learn_ops(root, "p", lambda q: q.call("create_message", {"dest": "p"})))
 
 

@@ -22,7 +22,7 @@ from rq import spares
 from rq.fsck import check_root
 from rq.spares import Spares
 from rq.store import Store
-from rqtest import QueueProc, learn_ops, make_queue, wait_for
+from rqtest import QueueProc, learn_ops, make_buckets_ahead, make_queue, wait_for
 
 ERRNOS = ("EIO", "ENOSPC")
 
@@ -267,6 +267,7 @@ def test_fault_each_enqueue_op_with_spares(root: Path) -> None:
     in que, the daemon keeps serving and a retry succeeds."""
     make_queue(root, "f", script="/bin/true")
     (root / "config" / "f.pause").touch()
+    make_buckets_ahead(root / "queue" / "f")
 
     def create(q: QueueProc) -> list:
         return q.call("create_message", {"dest": "f", "param1": "x"})
