@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import multiprocessing
 import os
 import resource
 import select
@@ -454,35 +455,68 @@ def ask_and_never_read(path: str, request: bytes) -> socket.socket:
 
 
 class DeafFlood:
-    """A thread asking `count` times for a message of `ids` over a fresh connection
-    that never reads its reply; `stop()` ends the flood and closes every connection."""
+    """A process asking `count` times for a message of `ids` over a fresh connection
+    that never reads its reply; `stop()` ends the flood and closes every connection.
+    A process, not a thread of the test's: a thread took the GIL from the test's own
+    reader, whose reply then sat unread while newer deaf replies came, so that it
+    looked deaf too and was dropped (CI, and 1 run in 6 with two CPU hogs)."""
 
     def __init__(self, path: str, ids: list[str], count: int = DEAF) -> None:
-        self.path, self.ids, self.count = path, ids, count
-        self.socks: list[socket.socket] = []
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        ctx = multiprocessing.get_context("fork")
+        self._conn, theirs = ctx.Pipe()
+        self._proc = ctx.Process(target=deaf_flood, args=(path, ids, count, theirs),
+                                 daemon=True)
+        self._proc.start()
+        theirs.close()
+        self.sent: int | None = None  # connections opened, once the flood is over
 
-    def _run(self) -> None:
-        for i in range(self.count):
-            if self._stopping.is_set():
-                return
-            msg_id = self.ids[i % len(self.ids)]
-            request = protocol.encode_request("get_message", {"msg_id": msg_id})
-            self.socks.append(ask_and_never_read(self.path, request))
+    def _take(self, timeout: float) -> None:
+        if self.sent is None and self._conn.poll(timeout):
+            reply = self._conn.recv()
+            assert isinstance(reply, int), reply  # the flood's own failure
+            self.sent = reply
 
     def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        self._take(0)
+        return self.sent is None
 
     def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
+        self._take(timeout)
+
+    def whole(self, frame: int) -> int:
+        """How many deaf connections got all `frame` bytes (read now, to their end)."""
+        self._conn.send(("whole", frame))
+        return int(self._conn.recv())
 
     def stop(self) -> None:
         """After a failed assertion too: no connection is left open for a later test."""
-        self._stopping.set()
-        self._thread.join(60)
-        close_all(self.socks)
+        try:
+            self._conn.send(("stop", 0))
+        except OSError:
+            pass
+        self._proc.join(60)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._conn.close()
+
+
+def deaf_flood(path: str, ids: list[str], count: int, conn: Any) -> None:
+    """DeafFlood's process: the flood, then its connections' count, then commands."""
+    socks: list[socket.socket] = []
+    try:
+        for i in range(count):
+            if conn.poll():  # stopped while flooding
+                break
+            request = protocol.encode_request("get_message", {"msg_id": ids[i % len(ids)]})
+            socks.append(ask_and_never_read(path, request))
+        conn.send(len(socks))
+        while (command := conn.recv())[0] == "whole":
+            conn.send(sum(read_to_eof(sock) == command[1] for sock in socks))
+    except BaseException as exc:  # noqa: BLE001 -- reported to the test, which fails
+        conn.send(f"the deaf flood failed: {exc!r}")
+    finally:
+        close_all(socks)
 
 
 PAUSE_AFTER = 400_000  # bytes a paused reader has read: more than a Unix socket's buffer
@@ -553,7 +587,7 @@ def test_rq1_caps_the_memory_held_for_replies_never_read(sockq: QueueProc) -> No
         # can stall one round trip of ~60 past it: p99 as for the web half)
         assert memory.uss - base_uss < UNSENT_CAP + MEMORY_MARGIN
         frame = len(protocol.encode_reply(sockq.call("get_message", {"msg_id": ids[0]})))
-        whole = sum(read_to_eof(sock) == frame for sock in flood.socks)
+        whole = flood.whole(frame)
         assert whole <= UNSENT_CAP // BIG + 2, f"{whole} of {DEAF} deaf clients " \
             "got their whole reply: none was dropped"
         logged = log_path.read_bytes()[offset:].decode(errors="replace")
@@ -588,7 +622,7 @@ def test_rq1_a_reader_paused_during_a_deaf_flood_gets_its_whole_reply(sockq: Que
         got = read_until_refilled(reader, PAUSE_AFTER)
         flood = DeafFlood(path, [msg_id], count=DEAF_AFTER)  # the reader pauses meanwhile
         flood.join(120)
-        assert not flood.is_alive() and len(flood.socks) == DEAF_AFTER
+        assert not flood.is_alive() and flood.sent == DEAF_AFTER
         logged = log_path.read_bytes()[offset:].decode(errors="replace")
         assert "dropping the connections that do not read" in logged, logged
         got += read_to_eof(reader)
